@@ -1,0 +1,27 @@
+-- pgdispatch: the psql entry point. On an empty database, and again at any time:
+--
+--   psql -v ON_ERROR_STOP=1 -d "$DB" -f sql/install.sql
+--
+-- Applies each migration in sql/migrations/ that dispatch.migrations does not list yet, then
+-- registers the pg_cron job where pg_cron lives in this database (else says what to do).
+\set ON_ERROR_STOP 1
+\set QUIET 1
+SET client_min_messages = warning;
+
+\ir bootstrap.sql
+
+\set version 1
+\set name 0001_cron_engine
+\ir apply_migration.psql
+\set version 2
+\set name 0002_schedules
+\ir apply_migration.psql
+\set version 3
+\set name 0003_runs
+\ir apply_migration.psql
+\set version 4
+\set name 0004_pg_cron
+\ir apply_migration.psql
+
+SELECT dispatch.register_cron_job() AS cron_status \gset
+\echo :cron_status

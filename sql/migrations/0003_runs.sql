@@ -1,0 +1,299 @@
+-- Runs and their state transitions:
+--
+--   (tick marks a due slot) ──► pending ──claim_runs──► running ──complete_run──► ok | error
+--                                  ▲  │                    │
+--                 release_runs,    │  └─schedule disabled──┼──► skipped
+--                 lease expiry ────┘     or deleted        └─lease expiry, last attempt──► lost
+--
+-- Every finished run (ok, error, skipped, lost) gets exactly one audit row and the guarded
+-- advance of its schedule, both in dispatch._run_finished.
+
+CREATE TABLE dispatch.runs (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    schedule_id   uuid NOT NULL REFERENCES dispatch.schedules (id) ON DELETE CASCADE,
+    scheduled_for timestamptz NOT NULL,
+    status        text NOT NULL DEFAULT 'pending',
+    request_id    text NOT NULL DEFAULT 'sched_' || gen_random_uuid(),
+    attempt       integer NOT NULL DEFAULT 0,
+    worker        text,
+    claimed_at    timestamptz,
+    lease_until   timestamptz,
+    finished_at   timestamptz,
+    error         text,
+    http_status   integer,
+    duration_ms   integer,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT runs_slot_key UNIQUE (schedule_id, scheduled_for),
+    CONSTRAINT runs_status_check
+        CHECK (status IN ('pending', 'running', 'ok', 'error', 'skipped', 'lost')),
+    CONSTRAINT runs_running_has_lease_check
+        CHECK (status <> 'running' OR (worker IS NOT NULL AND lease_until > claimed_at)),
+    CONSTRAINT runs_finished_at_check
+        CHECK ((status IN ('pending', 'running')) = (finished_at IS NULL)),
+    CONSTRAINT runs_error_length_check
+        CHECK (length(error) <= 500),
+    CONSTRAINT runs_attempt_check
+        CHECK (attempt >= 0)
+);
+COMMENT ON TABLE dispatch.runs IS 'One row per fired slot of a schedule.';
+COMMENT ON COLUMN dispatch.runs.scheduled_for IS 'The slot: the schedule''s next_run_at when dispatch.tick marked it.';
+COMMENT ON COLUMN dispatch.runs.status IS
+    'pending: marked by dispatch.tick, or handed back (release_runs, expired lease). '
+    'running: claimed by dispatch.claim_runs. ok/error: recorded by dispatch.complete_run. '
+    'skipped: its schedule was disabled or deleted before it was invoked. '
+    'lost: its lease expired on the last attempt.';
+COMMENT ON COLUMN dispatch.runs.request_id IS
+    'sched_<uuid>, sent as X-Request-Id and Idempotency-Key; stable across the attempts of this run.';
+COMMENT ON COLUMN dispatch.runs.attempt IS 'Claims so far; a claim increments it, release_runs gives one back.';
+COMMENT ON COLUMN dispatch.runs.worker IS 'Listener that holds (or last held) the run; only it may complete the run.';
+COMMENT ON COLUMN dispatch.runs.lease_until IS 'A running run whose lease passes is retried or lost by dispatch.tick.';
+COMMENT ON COLUMN dispatch.runs.error IS 'Why the run failed, was skipped or lost; at most 500 characters.';
+
+-- Claiming reads pending runs in slot order; expiry reads running runs by lease. Both stay
+-- small however much history the table holds.
+CREATE INDEX runs_pending_idx ON dispatch.runs (scheduled_for, id) WHERE status = 'pending';
+CREATE INDEX runs_running_lease_idx ON dispatch.runs (lease_until) WHERE status = 'running';
+-- No overlap: a schedule has at most one run in flight.
+CREATE UNIQUE INDEX runs_one_open_per_schedule_key ON dispatch.runs (schedule_id)
+    WHERE status IN ('pending', 'running');
+
+-- The common tail of every finished run: advance the schedule if it still waits on this
+-- slot (a user edit mid-flight wins), record last_*, write the audit row.
+-- Returns whether the schedule advanced.
+CREATE FUNCTION dispatch._run_finished(r dispatch.runs)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    s dispatch.schedules;
+    next_at timestamptz;
+    note text;
+BEGIN
+    SELECT * INTO s FROM dispatch.schedules WHERE id = r.schedule_id FOR UPDATE;
+    IF s.next_run_at = r.scheduled_for THEN
+        BEGIN
+            next_at := dispatch.cron_spec_next(s.cron_spec, greatest(r.scheduled_for, now()), s.timezone);
+        EXCEPTION WHEN OTHERS THEN
+            -- e.g. its zone vanished from the tz database: back off rather than wedge
+            next_at := now() + interval '1 hour';
+            note := left('cannot compute the next slot, retrying in 1 hour: ' || SQLERRM, 500);
+        END;
+        UPDATE dispatch.schedules
+        SET next_run_at = next_at,
+            last_run_at = coalesce(r.claimed_at, r.finished_at),
+            last_status = r.status,
+            last_error = coalesce(note, r.error)
+        WHERE id = s.id;
+    ELSE
+        UPDATE dispatch.schedules
+        SET last_run_at = coalesce(r.claimed_at, r.finished_at),
+            last_status = r.status,
+            last_error = r.error
+        WHERE id = s.id;
+    END IF;
+
+    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+    VALUES (NULL, s.project_id, 'schedule.run.' || r.status,
+            jsonb_strip_nulls(jsonb_build_object(
+                'scheduleId', r.schedule_id,
+                'requestId', r.request_id,
+                'functionName', s.function_name,
+                'runId', r.id,
+                'scheduledFor', r.scheduled_for,
+                'attempt', r.attempt,
+                'error', r.error)));
+    RETURN coalesce(s.next_run_at = r.scheduled_for, false);
+END
+$$;
+
+CREATE FUNCTION dispatch.expire_leases()
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r dispatch.runs;
+    requeued integer;
+BEGIN
+    -- Attempts left and the schedule still live: retry under the same request id.
+    UPDATE dispatch.runs x
+    SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
+        error = left(format('lease of %s expired on attempt %s', x.worker, x.attempt), 500)
+    FROM dispatch.schedules s
+    WHERE x.status = 'running' AND x.lease_until < now()
+      AND s.id = x.schedule_id AND x.attempt < s.max_attempts AND s.next_run_at IS NOT NULL;
+    GET DIAGNOSTICS requeued = ROW_COUNT;
+
+    FOR r IN
+        UPDATE dispatch.runs x
+        SET status = CASE WHEN s.next_run_at IS NULL THEN 'skipped' ELSE 'lost' END,
+            finished_at = now(),
+            error = left(CASE WHEN s.next_run_at IS NULL
+                              THEN format('lease of %s expired and the schedule is no longer enabled', x.worker)
+                              ELSE format('lease of %s expired on attempt %s of %s', x.worker, x.attempt, s.max_attempts)
+                         END, 500)
+        FROM dispatch.schedules s
+        WHERE x.status = 'running' AND x.lease_until < now() AND s.id = x.schedule_id
+        RETURNING x.*
+    LOOP
+        PERFORM dispatch._run_finished(r);
+    END LOOP;
+    RETURN requeued;
+END
+$$;
+COMMENT ON FUNCTION dispatch.expire_leases() IS
+    'Hand running runs whose lease passed back to pending (same request_id), or end them lost after the schedule''s max_attempts (skipped if the schedule was disabled meanwhile). Returns how many went back to pending. Called by dispatch.tick.';
+
+CREATE FUNCTION dispatch.tick(now timestamptz DEFAULT now())
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    marked integer;
+    requeued integer;
+BEGIN
+    -- One tick at a time: two marking the same slots in different orders could deadlock,
+    -- and a queued tick is cheap.
+    PERFORM pg_advisory_xact_lock(hashtext('dispatch.tick'));
+    requeued := dispatch.expire_leases();
+
+    INSERT INTO dispatch.runs (schedule_id, scheduled_for)
+    SELECT s.id, s.next_run_at
+    FROM dispatch.schedules s
+    WHERE s.next_run_at <= tick.now
+    ORDER BY s.next_run_at
+    ON CONFLICT DO NOTHING;  -- a slot already marked, or a run still open for the schedule
+    GET DIAGNOSTICS marked = ROW_COUNT;
+
+    IF marked + requeued > 0 THEN
+        PERFORM pg_notify('dispatch', json_build_object('marked', marked, 'requeued', requeued)::text);
+    END IF;
+    RETURN marked;
+END
+$$;
+COMMENT ON FUNCTION dispatch.tick(timestamptz) IS
+    'Mark every live schedule due at or before "now" as a pending run (idempotent per slot), expire leases by the real clock, NOTIFY dispatch when there is work. Returns how many runs it marked. Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
+
+CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval DEFAULT interval '60 seconds')
+RETURNS TABLE (
+    run_id        bigint,
+    schedule_id   uuid,
+    project_id    text,
+    function_name text,
+    args          jsonb,
+    request_id    text,
+    scheduled_for timestamptz,
+    attempt       integer,
+    lease_until   timestamptz
+)
+LANGUAGE sql
+AS $$
+    WITH picked AS (
+        SELECT r.id
+        FROM dispatch.runs r
+        WHERE r.status = 'pending'
+        ORDER BY r.scheduled_for, r.id
+        LIMIT claim_runs.max_runs
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE dispatch.runs r
+    SET status = 'running',
+        worker = claim_runs.worker,
+        claimed_at = now(),
+        lease_until = now() + claim_runs.lease,
+        attempt = r.attempt + 1
+    FROM picked, dispatch.schedules s
+    WHERE r.id = picked.id AND s.id = r.schedule_id
+    RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
+              r.request_id, r.scheduled_for, r.attempt, r.lease_until
+$$;
+COMMENT ON FUNCTION dispatch.claim_runs(text, integer, interval) IS
+    'Move up to max_runs pending runs, oldest slot first, to running for worker with a lease (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run) and return what is needed to invoke them. The lease must outlast the invocation timeout.';
+
+CREATE PROCEDURE dispatch.complete_run(
+    run_id      bigint,
+    worker      text,
+    status      text,
+    error       text DEFAULT NULL,
+    http_status integer DEFAULT NULL,
+    duration_ms integer DEFAULT NULL,
+    INOUT recorded boolean DEFAULT NULL,
+    INOUT advanced boolean DEFAULT NULL
+)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r dispatch.runs;
+BEGIN
+    IF complete_run.status IS NULL OR complete_run.status NOT IN ('ok', 'error') THEN
+        RAISE EXCEPTION 'status must be ok or error, not %', coalesce(quote_literal(complete_run.status), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Fenced on the worker: a listener whose lease expired cannot overwrite its successor.
+    UPDATE dispatch.runs x
+    SET status = complete_run.status,
+        finished_at = now(),
+        error = left(complete_run.error, 500),
+        http_status = complete_run.http_status,
+        duration_ms = complete_run.duration_ms
+    WHERE x.id = complete_run.run_id AND x.status = 'running' AND x.worker = complete_run.worker
+    RETURNING x.* INTO r;
+    recorded := FOUND;
+    advanced := recorded AND dispatch._run_finished(r);
+END
+$$;
+COMMENT ON PROCEDURE dispatch.complete_run(bigint, text, text, text, integer, integer, boolean, boolean) IS
+    'Record the outcome (ok or error; error cut to 500 characters) of a run that worker still holds, advance its schedule to the first slot after max(scheduled_for, now()) if next_run_at still equals scheduled_for, and write the audit row, in one transaction. Returns recorded (false when the worker no longer holds the run) and advanced.';
+
+CREATE FUNCTION dispatch.release_runs(worker text, run_ids bigint[])
+RETURNS integer
+LANGUAGE sql
+AS $$
+    WITH released AS (
+        UPDATE dispatch.runs x
+        SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
+            attempt = x.attempt - 1
+        WHERE x.id = ANY (release_runs.run_ids) AND x.status = 'running' AND x.worker = release_runs.worker
+        RETURNING 1
+    ), wake AS (
+        SELECT pg_notify('dispatch', 'released') FROM released LIMIT 1
+    )
+    SELECT count(*)::integer FROM released, (SELECT count(*) FROM wake) w
+$$;
+COMMENT ON FUNCTION dispatch.release_runs(text, bigint[]) IS
+    'Hand runs that worker claimed but never invoked back to pending, giving back the attempt; returns how many. Used by a listener that shuts down.';
+
+CREATE FUNCTION dispatch.next_due_at()
+RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$
+    SELECT min(next_run_at) FROM dispatch.schedules WHERE next_run_at > now()
+$$;
+COMMENT ON FUNCTION dispatch.next_due_at() IS
+    'The earliest future next_run_at of a live schedule: when a listener should next call dispatch.tick().';
+
+-- A schedule that stops (disabled or deleted) does not invoke what it had pending.
+CREATE FUNCTION dispatch._schedule_skip_pending()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r dispatch.runs;
+BEGIN
+    FOR r IN
+        UPDATE dispatch.runs
+        SET status = 'skipped', finished_at = now(),
+            error = CASE WHEN NEW.deleted_at IS NOT NULL THEN 'schedule deleted before the run was claimed'
+                         ELSE 'schedule disabled before the run was claimed' END
+        WHERE schedule_id = NEW.id AND status = 'pending'
+        RETURNING *
+    LOOP
+        PERFORM dispatch._run_finished(r);
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER _200_skip_pending AFTER UPDATE OF enabled, deleted_at ON dispatch.schedules
+    FOR EACH ROW
+    WHEN (NEW.next_run_at IS NULL AND OLD.next_run_at IS NOT NULL)
+    EXECUTE FUNCTION dispatch._schedule_skip_pending();

@@ -1,0 +1,18 @@
+-- Register the dispatch-tick job when pg_cron lives in another database than dispatch.
+-- Run it in pg_cron's database (cron.database_name), naming the dispatch database:
+--
+--   psql -v ON_ERROR_STOP=1 -d postgres -v dispatch_db=app -f sql/pg_cron.sql
+--
+-- Safe to run again: cron.schedule_in_database updates a job of the same name.
+\set ON_ERROR_STOP 1
+\if :{?dispatch_db}
+\else
+DO $$ BEGIN RAISE EXCEPTION 'sql/pg_cron.sql: name the dispatch database with -v dispatch_db=NAME'; END $$;
+\endif
+
+SELECT cron.schedule_in_database('dispatch-tick', '* * * * *', 'SELECT dispatch.tick()', :'dispatch_db') AS jobid
+\gset
+SELECT format('pg_cron job dispatch-tick (id %s) registered in database %s for database %s',
+              :jobid, current_database(), :'dispatch_db') AS done
+\gset
+\echo :done

@@ -1,0 +1,76 @@
+"""Test set-up: a private PostgreSQL 15 + pg_cron cluster in .pgdata/test, started once per
+session by scripts/pg-cluster, and a template database with sql/install.sql applied by psql,
+copied for each test (pytest-postgresql's no-process fixture)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from pytest_postgresql import factories
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER_DIR = Path(os.environ.get("PGDISPATCH_TEST_CLUSTER", ROOT / ".pgdata" / "test"))
+PSQL = "/usr/lib/postgresql/15/bin/psql"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        port = subprocess.run(
+            [str(ROOT / "scripts" / "pg-cluster"), "start", str(CLUSTER_DIR)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        os.environ["PGDISPATCH_TEST_PORT"] = port
+    config.option.postgresql_host = "127.0.0.1"
+    config.option.postgresql_port = os.environ["PGDISPATCH_TEST_PORT"]
+    config.option.postgresql_user = "postgres"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and os.environ.get("PGDISPATCH_TEST_KEEP_CLUSTER") != "1":
+        subprocess.run([str(ROOT / "scripts" / "pg-cluster"), "stop", str(CLUSTER_DIR)], check=False)
+
+
+def psql(dbname: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run psql as a DBA would, against the test cluster."""
+    return subprocess.run(
+        [PSQL, "-X", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", os.environ["PGDISPATCH_TEST_PORT"],
+         "-U", "postgres", "-d", dbname, *args],
+        check=check, capture_output=True, text=True,
+    )
+
+
+def load_schema(*, dbname: str, **_: object) -> None:
+    psql(dbname, "-q", "-f", str(ROOT / "sql" / "install.sql"))
+
+
+postgresql_noproc = factories.postgresql_noproc(dbname="pgdispatch_test", load=[load_schema])
+postgresql = factories.postgresql("postgresql_noproc")
+
+
+@pytest.fixture
+def db(postgresql: psycopg.Connection) -> psycopg.Connection:
+    """A fresh database with the schema installed, autocommit like psql."""
+    postgresql.autocommit = True
+    return postgresql
+
+
+@pytest.fixture
+def connect(db: psycopg.Connection) -> Iterator[Callable[..., psycopg.Connection]]:
+    """Open more sessions to the same database; they are closed after the test."""
+    opened: list[psycopg.Connection] = []
+
+    def _connect(autocommit: bool = True) -> psycopg.Connection:
+        conn = psycopg.connect(**db.info.get_parameters(), autocommit=autocommit)
+        opened.append(conn)
+        return conn
+
+    yield _connect
+    for conn in opened:
+        conn.close()
