@@ -25,6 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
             check=True,
             capture_output=True,
             text=True,
+            env={**os.environ, "PGDISPATCH_CLUSTER_FAST": "1"},
         ).stdout.strip()
         os.environ["PGDISPATCH_TEST_PORT"] = port
     config.option.postgresql_host = "127.0.0.1"
