@@ -41,9 +41,24 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def psql(dbname: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run psql as a DBA would, against the test cluster."""
     return subprocess.run(
-        [PSQL, "-X", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", os.environ["PGDISPATCH_TEST_PORT"],
-         "-U", "postgres", "-d", dbname, *args],
-        check=check, capture_output=True, text=True,
+        [
+            PSQL,
+            "-X",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            os.environ["PGDISPATCH_TEST_PORT"],
+            "-U",
+            "postgres",
+            "-d",
+            dbname,
+            *args,
+        ],
+        check=check,
+        capture_output=True,
+        text=True,
     )
 
 

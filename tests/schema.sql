@@ -1,0 +1,1476 @@
+--
+-- PostgreSQL database dump
+--
+
+
+
+SET statement_timeout = 0;
+SET lock_timeout = 0;
+SET idle_in_transaction_session_timeout = 0;
+SET client_encoding = 'UTF8';
+SET standard_conforming_strings = on;
+SELECT pg_catalog.set_config('search_path', '', false);
+SET check_function_bodies = false;
+SET xmloption = content;
+SET client_min_messages = warning;
+SET row_security = off;
+
+--
+-- Name: dispatch; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA dispatch;
+
+
+--
+-- Name: SCHEMA dispatch; Type: COMMENT; Schema: -; Owner: -
+--
+
+COMMENT ON SCHEMA dispatch IS 'pgdispatch: cron schedules dispatched over HTTP (https://github.com/pgdispatch/pgdispatch)';
+
+
+--
+-- Name: cron_spec; Type: TYPE; Schema: dispatch; Owner: -
+--
+
+CREATE TYPE dispatch.cron_spec AS (
+	minutes bigint,
+	hours integer,
+	days bigint,
+	months integer,
+	weekdays integer,
+	nth_weekdays bigint,
+	last_weekdays integer,
+	last_day boolean,
+	days_star boolean,
+	weekdays_star boolean,
+	real_time boolean
+);
+
+
+--
+-- Name: TYPE cron_spec; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TYPE dispatch.cron_spec IS 'A parsed cron expression (dispatch.cron_parse). Stored on each schedule so that evaluation never re-parses.';
+
+
+--
+-- Name: _cron_days(dispatch.cron_spec, integer, integer, integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer DEFAULT NULL::integer) RETURNS bigint
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    AS $$
+DECLARE
+    ndays integer := CASE mo
+                        WHEN 2 THEN CASE WHEN (y % 4 = 0 AND y % 100 <> 0) OR y % 400 = 0 THEN 29 ELSE 28 END
+                        WHEN 4 THEN 30 WHEN 6 THEN 30 WHEN 9 THEN 30 WHEN 11 THEN 30
+                        ELSE 31
+                     END;
+    month_days bigint := (1::bigint << (ndays + 1)) - 2;
+    f integer := coalesce(first_dow, date_part('dow', make_date(y, mo, 1))::integer);
+    dom bigint := spec.days & month_days;
+    dow bigint;
+    r bigint;
+    n integer;
+    g integer;
+BEGIN
+    IF spec.last_day THEN
+        dom := dom | (1::bigint << ndays);
+    END IF;
+    -- Rotate the weekday bits so that bit j means "day 1+j has an allowed weekday", then
+    -- replicate that week over the month (34630287489 has a bit every 7 places).
+    r := ((spec.weekdays >> f) | (spec.weekdays << (7 - f))) & 127;
+    dow := ((r * 34630287489) << 1) & month_days;
+    IF spec.nth_weekdays <> 0 THEN
+        FOR n IN 0..4 LOOP
+            r := (spec.nth_weekdays >> (7 * n)) & 127;
+            CONTINUE WHEN r = 0;
+            r := ((r >> f) | (r << (7 - f))) & 127;
+            dow := dow | ((r << (1 + 7 * n)) & month_days);
+        END LOOP;
+    END IF;
+    IF spec.last_weekdays <> 0 THEN
+        g := (f + ndays - 1) % 7;  -- weekday of the last day
+        FOR n IN 0..6 LOOP
+            IF (spec.last_weekdays >> ((g - n + 7) % 7)) & 1 = 1 THEN
+                dow := dow | (1::bigint << (ndays - n));
+            END IF;
+        END LOOP;
+    END IF;
+    IF spec.days_star OR spec.weekdays_star THEN
+        RETURN dom & dow;
+    END IF;
+    RETURN dom | dow;  -- both restricted: a day matches if either does (Vixie cron)
+END
+$$;
+
+
+--
+-- Name: _cron_error(text, text, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._cron_error(expr text, detail text, hint text DEFAULT NULL::text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    AS $$
+BEGIN
+    RAISE EXCEPTION USING
+        ERRCODE = 'invalid_parameter_value',
+        MESSAGE = format('cron_expression "%s": %s',
+                         CASE WHEN length(expr) > 80 THEN left(expr, 80) || '...' ELSE expr END,
+                         detail),
+        HINT = coalesce(hint, 'Five fields: minute hour day-of-month month day-of-week, e.g. "*/15 * * * *".');
+END
+$$;
+
+
+--
+-- Name: _cron_match_from(dispatch.cron_spec, timestamp without time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) RETURNS timestamp without time zone
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+DECLARE
+    y  integer := date_part('year', t);
+    mo integer := date_part('month', t);
+    d  integer := date_part('day', t);
+    h  integer := date_part('hour', t);
+    mi integer := date_part('minute', t);
+    x  integer;
+    guard integer := 0;
+BEGIN
+    LOOP
+        -- A valid spec fires within 40 years (a leap-day Monday is the rarest); this only
+        -- stops a spec that was built by hand and never fires.
+        guard := guard + 1;
+        IF guard > 2000 THEN
+            RAISE EXCEPTION 'cron spec % never fires', spec USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        x := dispatch._next_bit(spec.months, mo);
+        IF x IS NULL THEN
+            y := y + 1; mo := dispatch._next_bit(spec.months, 1); d := 1; h := 0; mi := 0;
+        ELSIF x > mo THEN
+            mo := x; d := 1; h := 0; mi := 0;
+        END IF;
+        x := dispatch._next_bit(dispatch._cron_days(spec, y, mo), d);
+        IF x IS NULL THEN
+            mo := mo + 1; d := 1; h := 0; mi := 0;
+            IF mo > 12 THEN
+                y := y + 1; mo := 1;
+            END IF;
+            CONTINUE;
+        ELSIF x > d THEN
+            d := x; h := 0; mi := 0;
+        END IF;
+        x := dispatch._next_bit(spec.hours, h);
+        IF x IS NULL THEN
+            d := d + 1; h := 0; mi := 0;
+            CONTINUE;
+        ELSIF x > h THEN
+            h := x; mi := 0;
+        END IF;
+        x := dispatch._next_bit(spec.minutes, mi);
+        IF x IS NULL THEN
+            h := h + 1; mi := 0;
+            CONTINUE;
+        END IF;
+        RETURN make_timestamp(y, mo, d, h, x, 0);
+    END LOOP;
+END
+$$;
+
+
+--
+-- Name: _cron_value(text, text, text, integer, integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) RETURNS integer
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    AS $_$
+DECLARE
+    v integer;
+BEGIN
+    IF tok ~ '^[0-9]+$' THEN
+        IF length(tok) <= 4 THEN
+            v := tok::integer;
+            IF v BETWEEN lo AND hi THEN
+                RETURN v;
+            END IF;
+        END IF;
+        PERFORM dispatch._cron_error(expr, format('%s %s is outside %s-%s', field, tok, lo, hi));
+    END IF;
+    IF field = 'month' THEN
+        v := array_position('{JAN,FEB,MAR,APR,MAY,JUN,JUL,AUG,SEP,OCT,NOV,DEC}'::text[], upper(tok));
+        IF v IS NOT NULL THEN
+            RETURN v;
+        END IF;
+        PERFORM dispatch._cron_error(expr, format('month "%s" is not a number 1-12 or a name JAN-DEC', tok));
+    ELSIF field = 'day-of-week' THEN
+        v := array_position('{SUN,MON,TUE,WED,THU,FRI,SAT}'::text[], upper(tok));
+        IF v IS NOT NULL THEN
+            RETURN v - 1;
+        END IF;
+        PERFORM dispatch._cron_error(expr, format('day-of-week "%s" is not a number 0-7 or a name SUN-SAT', tok));
+    END IF;
+    PERFORM dispatch._cron_error(expr, format('%s "%s" is not a number %s-%s', field, tok, lo, hi));
+    RETURN NULL;
+END
+$_$;
+
+
+--
+-- Name: _next_bit(bigint, integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._next_bit(mask bigint, k integer) RETURNS integer
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN mask >> k = 0 THEN NULL
+                ELSE k + round(ln(((mask >> k) & -(mask >> k))::float8) / 0.6931471805599453)::integer
+           END
+$$;
+
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: runs; Type: TABLE; Schema: dispatch; Owner: -
+--
+
+CREATE TABLE dispatch.runs (
+    id bigint NOT NULL,
+    schedule_id uuid NOT NULL,
+    scheduled_for timestamp with time zone NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    request_id text DEFAULT ('sched_'::text || gen_random_uuid()) NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    worker text,
+    claimed_at timestamp with time zone,
+    lease_until timestamp with time zone,
+    finished_at timestamp with time zone,
+    error text,
+    http_status integer,
+    duration_ms integer,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
+    CONSTRAINT runs_error_length_check CHECK ((length(error) <= 500)),
+    CONSTRAINT runs_finished_at_check CHECK (((status = ANY (ARRAY['pending'::text, 'running'::text])) = (finished_at IS NULL))),
+    CONSTRAINT runs_running_has_lease_check CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_until > claimed_at)))),
+    CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'ok'::text, 'error'::text, 'skipped'::text, 'lost'::text])))
+);
+
+
+--
+-- Name: TABLE runs; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.runs IS 'One row per fired slot of a schedule.';
+
+
+--
+-- Name: COLUMN runs.scheduled_for; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.scheduled_for IS 'The slot: the schedule''s next_run_at when dispatch.tick marked it.';
+
+
+--
+-- Name: COLUMN runs.status; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.status IS 'pending: marked by dispatch.tick, or handed back (release_runs, expired lease). running: claimed by dispatch.claim_runs. ok/error: recorded by dispatch.complete_run. skipped: its schedule was disabled or deleted before it was invoked. lost: its lease expired on the last attempt.';
+
+
+--
+-- Name: COLUMN runs.request_id; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.request_id IS 'sched_<uuid>, sent as X-Request-Id and Idempotency-Key; stable across the attempts of this run.';
+
+
+--
+-- Name: COLUMN runs.attempt; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.attempt IS 'Claims so far; a claim increments it, release_runs gives one back.';
+
+
+--
+-- Name: COLUMN runs.worker; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.worker IS 'Listener that holds (or last held) the run; only it may complete the run.';
+
+
+--
+-- Name: COLUMN runs.lease_until; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.lease_until IS 'A running run whose lease passes is retried or lost by dispatch.tick.';
+
+
+--
+-- Name: COLUMN runs.error; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.error IS 'Why the run failed, was skipped or lost; at most 500 characters.';
+
+
+--
+-- Name: _run_finished(dispatch.runs); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._run_finished(r dispatch.runs) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    s dispatch.schedules;
+    next_at timestamptz;
+    note text;
+BEGIN
+    SELECT * INTO s FROM dispatch.schedules WHERE id = r.schedule_id FOR UPDATE;
+    IF s.next_run_at = r.scheduled_for THEN
+        BEGIN
+            next_at := dispatch.cron_spec_next(s.cron_spec, greatest(r.scheduled_for, now()), s.timezone);
+        EXCEPTION WHEN OTHERS THEN
+            -- e.g. its zone vanished from the tz database: back off rather than wedge
+            next_at := now() + interval '1 hour';
+            note := left('cannot compute the next slot, retrying in 1 hour: ' || SQLERRM, 500);
+        END;
+        UPDATE dispatch.schedules
+        SET next_run_at = next_at,
+            last_run_at = coalesce(r.claimed_at, r.finished_at),
+            last_status = r.status,
+            last_error = coalesce(note, r.error)
+        WHERE id = s.id;
+    ELSE
+        UPDATE dispatch.schedules
+        SET last_run_at = coalesce(r.claimed_at, r.finished_at),
+            last_status = r.status,
+            last_error = r.error
+        WHERE id = s.id;
+    END IF;
+
+    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+    VALUES (NULL, s.project_id, 'schedule.run.' || r.status,
+            jsonb_strip_nulls(jsonb_build_object(
+                'scheduleId', r.schedule_id,
+                'requestId', r.request_id,
+                'functionName', s.function_name,
+                'runId', r.id,
+                'scheduledFor', r.scheduled_for,
+                'attempt', r.attempt,
+                'error', r.error)));
+    RETURN coalesce(s.next_run_at = r.scheduled_for, false);
+END
+$$;
+
+
+--
+-- Name: _schedule_audit(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._schedule_audit() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    action text;
+    changed jsonb;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        action := 'schedule.create';
+    ELSIF NEW.deleted_at IS NOT NULL AND OLD.deleted_at IS NULL THEN
+        action := 'schedule.delete';
+    ELSE
+        action := 'schedule.update';
+        SELECT jsonb_object_agg(n.key, n.value) INTO changed
+        FROM jsonb_each(to_jsonb(NEW)) n
+        JOIN jsonb_each(to_jsonb(OLD)) o USING (key)
+        WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled', 'deleted_at')
+          AND n.value IS DISTINCT FROM o.value;
+    END IF;
+    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+    VALUES (current_user, NEW.project_id, action,
+            jsonb_strip_nulls(jsonb_build_object(
+                'scheduleId', NEW.id,
+                'functionName', NEW.function_name,
+                'cronExpression', NEW.cron_expression,
+                'timezone', NEW.timezone,
+                'changed', changed)));
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: _schedule_before_write(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._schedule_before_write() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $_$
+BEGIN
+    IF NEW.function_name IS NULL OR NEW.function_name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'invalid_parameter_value',
+            MESSAGE = format('function_name %s is not a function name',
+                             coalesce('"' || left(NEW.function_name, 80) || '"', 'NULL')),
+            HINT = 'A letter or digit, then letters, digits, "_", "." or "-", at most 128 characters.';
+    END IF;
+    NEW.cron_spec := dispatch.cron_parse(NEW.cron_expression);
+    IF NEW.cron_spec IS NULL THEN
+        RAISE EXCEPTION 'cron_expression must not be null' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM dispatch.check_timezone(NEW.timezone);
+
+    IF NOT NEW.enabled OR NEW.deleted_at IS NOT NULL THEN
+        NEW.next_run_at := NULL;
+    ELSIF TG_OP = 'INSERT'
+          OR NOT OLD.enabled OR OLD.deleted_at IS NOT NULL
+          OR NEW.cron_expression IS DISTINCT FROM OLD.cron_expression
+          OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
+        NEW.next_run_at := dispatch.cron_spec_next(NEW.cron_spec, now(), NEW.timezone);
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        NEW.updated_at := now();
+    END IF;
+    RETURN NEW;
+END
+$_$;
+
+
+--
+-- Name: _schedule_notify(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._schedule_notify() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('dispatch', 'schedules');
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: _schedule_skip_pending(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._schedule_skip_pending() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r dispatch.runs;
+BEGIN
+    FOR r IN
+        UPDATE dispatch.runs
+        SET status = 'skipped', finished_at = now(),
+            error = CASE WHEN NEW.deleted_at IS NOT NULL THEN 'schedule deleted before the run was claimed'
+                         ELSE 'schedule disabled before the run was claimed' END
+        WHERE schedule_id = NEW.id AND status = 'pending'
+        RETURNING *
+    LOOP
+        PERFORM dispatch._run_finished(r);
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: _tz_transition(timestamp with time zone, timestamp with time zone, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi timestamp with time zone, tz text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+DECLARE
+    a bigint := floor(extract(epoch FROM lo) / 60);
+    b bigint := ceil(extract(epoch FROM hi) / 60);
+    off0 interval := (lo AT TIME ZONE tz) - (lo AT TIME ZONE 'UTC');
+    mid bigint;
+    t timestamptz;
+BEGIN
+    WHILE b - a > 1 LOOP
+        mid := (a + b) / 2;
+        t := to_timestamp(mid * 60);
+        IF (t AT TIME ZONE tz) - (t AT TIME ZONE 'UTC') = off0 THEN
+            a := mid;
+        ELSE
+            b := mid;
+        END IF;
+    END LOOP;
+    RETURN to_timestamp(b * 60);
+END
+$$;
+
+
+--
+-- Name: check_timezone(text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.check_timezone(tz text) RETURNS text
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    AS $$
+BEGIN
+    IF tz IS NULL THEN
+        RAISE EXCEPTION 'timezone must not be null' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM dispatch.timezones WHERE name = tz)
+       OR (length(tz) <= 64 AND EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names WHERE name = tz)) THEN
+        RETURN tz;
+    END IF;
+    RAISE EXCEPTION USING
+        ERRCODE = 'invalid_parameter_value',
+        MESSAGE = format('timezone "%s" is not a time zone name from the tz database',
+                         CASE WHEN length(tz) > 80 THEN left(tz, 80) || '...' ELSE tz END),
+        HINT = 'Use an IANA name such as Europe/Berlin or UTC (see pg_timezone_names); abbreviations such as CEST and offsets such as +05 are refused.';
+END
+$$;
+
+
+--
+-- Name: FUNCTION check_timezone(tz text); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.check_timezone(tz text) IS 'Return tz when it is a name from the tz database (pg_timezone_names); raise SQLSTATE 22023 otherwise.';
+
+
+--
+-- Name: claim_runs(text, integer, interval); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval DEFAULT '00:01:00'::interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone)
+    LANGUAGE sql
+    AS $$
+    WITH picked AS (
+        SELECT r.id
+        FROM dispatch.runs r
+        WHERE r.status = 'pending'
+        ORDER BY r.scheduled_for, r.id
+        LIMIT claim_runs.max_runs
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE dispatch.runs r
+    SET status = 'running',
+        worker = claim_runs.worker,
+        claimed_at = now(),
+        lease_until = now() + claim_runs.lease,
+        attempt = r.attempt + 1
+    FROM picked, dispatch.schedules s
+    WHERE r.id = picked.id AND s.id = r.schedule_id
+    RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
+              r.request_id, r.scheduled_for, r.attempt, r.lease_until
+$$;
+
+
+--
+-- Name: FUNCTION claim_runs(worker text, max_runs integer, lease interval); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval) IS 'Move up to max_runs pending runs, oldest slot first, to running for worker with a lease (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run) and return what is needed to invoke them. The lease must outlast the invocation timeout.';
+
+
+--
+-- Name: complete_run(bigint, text, text, text, integer, integer, boolean, boolean); Type: PROCEDURE; Schema: dispatch; Owner: -
+--
+
+CREATE PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN status text, IN error text DEFAULT NULL::text, IN http_status integer DEFAULT NULL::integer, IN duration_ms integer DEFAULT NULL::integer, INOUT recorded boolean DEFAULT NULL::boolean, INOUT advanced boolean DEFAULT NULL::boolean)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r dispatch.runs;
+BEGIN
+    IF complete_run.status IS NULL OR complete_run.status NOT IN ('ok', 'error') THEN
+        RAISE EXCEPTION 'status must be ok or error, not %', coalesce(quote_literal(complete_run.status), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Fenced on the worker: a listener whose lease expired cannot overwrite its successor.
+    UPDATE dispatch.runs x
+    SET status = complete_run.status,
+        finished_at = now(),
+        error = left(complete_run.error, 500),
+        http_status = complete_run.http_status,
+        duration_ms = complete_run.duration_ms
+    WHERE x.id = complete_run.run_id AND x.status = 'running' AND x.worker = complete_run.worker
+    RETURNING x.* INTO r;
+    recorded := FOUND;
+    advanced := recorded AND dispatch._run_finished(r);
+END
+$$;
+
+
+--
+-- Name: PROCEDURE complete_run(IN run_id bigint, IN worker text, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean) IS 'Record the outcome (ok or error; error cut to 500 characters) of a run that worker still holds, advance its schedule to the first slot after max(scheduled_for, now()) if next_run_at still equals scheduled_for, and write the audit row, in one transaction. Returns recorded (false when the worker no longer holds the run) and advanced.';
+
+
+--
+-- Name: cron_is_valid(text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.cron_is_valid(expr text) RETURNS boolean
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    AS $$
+BEGIN
+    PERFORM dispatch.cron_parse(expr);
+    RETURN expr IS NOT NULL;
+EXCEPTION WHEN OTHERS THEN
+    RETURN false;
+END
+$$;
+
+
+--
+-- Name: FUNCTION cron_is_valid(expr text); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.cron_is_valid(expr text) IS 'True when the expression parses and can fire; never raises.';
+
+
+--
+-- Name: cron_next(text, timestamp with time zone, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.cron_next(expr text, after timestamp with time zone, tz text DEFAULT 'UTC'::text) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE STRICT PARALLEL SAFE
+    AS $$
+    SELECT dispatch.cron_spec_next(dispatch.cron_parse(expr), after, dispatch.check_timezone(tz))
+$$;
+
+
+--
+-- Name: FUNCTION cron_next(expr text, after timestamp with time zone, tz text); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.cron_next(expr text, after timestamp with time zone, tz text) IS 'The earliest minute-aligned instant strictly after "after" whose wall-clock time in tz matches the cron expression. Fixed-time expressions follow Debian cron across DST (a skipped time fires at the jump, a repeated one once); expressions whose minute or hour starts with * follow real time.';
+
+
+--
+-- Name: cron_parse(text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.cron_parse(expr text) RETURNS dispatch.cron_spec
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    AS $_$
+DECLARE
+    names  constant text[] := '{minute,hour,day-of-month,month,day-of-week}';
+    mins   constant integer[] := '{0,0,1,1,0}';
+    maxs   constant integer[] := '{59,23,31,12,7}';
+    src    text := btrim(expr, E' \t\n\r');
+    fields text[];
+    spec   dispatch.cron_spec;
+    f      integer;
+    fname  text;
+    item   text;
+    parts  text[];
+    range  text[];
+    a      integer;
+    b      integer;
+    n      integer;
+    step   integer;
+    bits   bigint;
+    top    integer;
+    m      integer;
+    w      integer;
+    feasible boolean;
+BEGIN
+    IF src = '' THEN
+        PERFORM dispatch._cron_error(expr, 'is empty');
+    END IF;
+    IF left(src, 1) = '@' THEN
+        src := CASE lower(src)
+                   WHEN '@yearly'   THEN '0 0 1 1 *'
+                   WHEN '@annually' THEN '0 0 1 1 *'
+                   WHEN '@monthly'  THEN '0 0 1 * *'
+                   WHEN '@weekly'   THEN '0 0 * * 0'
+                   WHEN '@daily'    THEN '0 0 * * *'
+                   WHEN '@midnight' THEN '0 0 * * *'
+                   WHEN '@hourly'   THEN '0 * * * *'
+               END;
+        IF src IS NULL THEN
+            PERFORM dispatch._cron_error(expr, format('unknown macro %s', btrim(expr)),
+                'Macros: @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly.');
+        END IF;
+    END IF;
+    fields := regexp_split_to_array(src, '[ \t]+');
+    IF cardinality(fields) <> 5 THEN
+        PERFORM dispatch._cron_error(expr,
+            format('expected 5 fields (minute hour day-of-month month day-of-week), got %s', cardinality(fields)));
+    END IF;
+
+    spec := ROW(0, 0, 0, 0, 0, 0, 0, false,
+                left(fields[3], 1) = '*', left(fields[5], 1) = '*',
+                left(fields[1], 1) = '*' OR left(fields[2], 1) = '*');
+
+    FOR f IN 1..5 LOOP
+        fname := names[f];
+        -- day-of-week accepts 7 for Sunday, but '*' and 'n/s' stop at Saturday.
+        top := CASE f WHEN 5 THEN 6 ELSE maxs[f] END;
+        bits := 0;
+        IF fields[f] = '*' THEN
+            bits := (1::bigint << (top + 1)) - (1::bigint << mins[f]);
+        ELSE
+            FOREACH item IN ARRAY string_to_array(fields[f], ',') LOOP
+                IF item = '' THEN
+                    PERFORM dispatch._cron_error(expr, format('%s has an empty list item', fname));
+                END IF;
+                IF f = 3 AND upper(item) = 'L' THEN
+                    spec.last_day := true;
+                    CONTINUE;
+                END IF;
+                IF f = 5 AND strpos(item, '#') > 0 THEN
+                    parts := string_to_array(item, '#');
+                    IF cardinality(parts) <> 2 OR parts[2] !~ '^[1-5]$' THEN
+                        PERFORM dispatch._cron_error(expr,
+                            format('day-of-week "%s": the occurrence after # must be 1-5', item));
+                    END IF;
+                    a := dispatch._cron_value(expr, fname, parts[1], 0, 7) % 7;
+                    spec.nth_weekdays := spec.nth_weekdays | (1::bigint << (7 * (parts[2]::integer - 1) + a));
+                    CONTINUE;
+                END IF;
+                IF f = 5 AND length(item) > 1 AND upper(right(item, 1)) = 'L' THEN
+                    a := dispatch._cron_value(expr, fname, left(item, -1), 0, 7) % 7;
+                    spec.last_weekdays := spec.last_weekdays | (1 << a);
+                    CONTINUE;
+                END IF;
+                IF item ~ '[^0-9A-Za-z*/-]' OR (f <> 4 AND f <> 5 AND item ~ '[A-Za-z]') THEN
+                    PERFORM dispatch._cron_error(expr, format('%s "%s" is not supported', fname, item),
+                        CASE f WHEN 3 THEN 'day-of-month takes numbers, ranges a-b, steps */s, lists and L.'
+                               WHEN 5 THEN 'day-of-week takes 0-7 or SUN-SAT, ranges, steps, lists, d#n and dL.'
+                               ELSE format('%s takes numbers, ranges a-b, steps */s and lists.', fname) END);
+                END IF;
+
+                parts := string_to_array(item, '/');
+                step := 1;
+                IF cardinality(parts) > 2 THEN
+                    PERFORM dispatch._cron_error(expr, format('%s "%s" has more than one /', fname, item));
+                ELSIF cardinality(parts) = 2 THEN
+                    IF parts[2] !~ '^[0-9]{1,4}$' OR parts[2]::integer NOT BETWEEN 1 AND top - mins[f] + 1 THEN
+                        PERFORM dispatch._cron_error(expr,
+                            format('%s step "%s" must be a number 1-%s', fname, parts[2], top - mins[f] + 1));
+                    END IF;
+                    step := parts[2]::integer;
+                END IF;
+
+                IF parts[1] = '*' THEN
+                    a := mins[f];
+                    b := top;
+                ELSIF strpos(parts[1], '-') > 0 THEN
+                    range := string_to_array(parts[1], '-');
+                    IF cardinality(range) <> 2 OR range[1] = '' OR range[2] = '' THEN
+                        PERFORM dispatch._cron_error(expr, format('%s range "%s" must be a-b', fname, parts[1]));
+                    END IF;
+                    a := dispatch._cron_value(expr, fname, range[1], mins[f], maxs[f]);
+                    b := dispatch._cron_value(expr, fname, range[2], mins[f], maxs[f]);
+                    IF a > b THEN
+                        PERFORM dispatch._cron_error(expr,
+                            format('%s range %s is reversed', fname, parts[1]),
+                            'Write a wrapping range as two, e.g. "22-23,0-2".');
+                    END IF;
+                ELSIF parts[1] = '' THEN
+                    PERFORM dispatch._cron_error(expr, format('%s "%s" has nothing before /', fname, item));
+                ELSE
+                    a := dispatch._cron_value(expr, fname, parts[1], mins[f], maxs[f]);
+                    -- "n/s" means n, n+s, ... up to the field's end (Vixie cron).
+                    b := CASE WHEN cardinality(parts) = 2 THEN greatest(top, a) ELSE a END;
+                END IF;
+
+                IF step = 1 THEN
+                    bits := bits | ((1::bigint << (b + 1)) - (1::bigint << a));
+                ELSE
+                    FOR n IN a..b BY step LOOP
+                        bits := bits | (1::bigint << n);
+                    END LOOP;
+                END IF;
+            END LOOP;
+        END IF;
+
+        CASE f
+            WHEN 1 THEN spec.minutes := bits;
+            WHEN 2 THEN spec.hours := bits;
+            WHEN 3 THEN spec.days := bits;
+            WHEN 4 THEN spec.months := bits;
+            ELSE spec.weekdays := ((bits | (bits >> 7)) & 127);  -- 7 is Sunday too
+        END CASE;
+    END LOOP;
+
+    -- An expression that can never fire is refused. Only day-of-month can make it so: with
+    -- the Vixie OR rule any weekday item fires somewhere, so only the AND case needs a look.
+    IF spec.days_star OR spec.weekdays_star THEN
+        feasible := false;
+        FOR m IN 1..12 LOOP
+            CONTINUE WHEN spec.months & (1 << m) = 0;
+            IF spec.weekdays = 127 OR (spec.weekdays <> 0 AND spec.nth_weekdays = 0 AND spec.last_weekdays = 0) THEN
+                -- plain weekdays fall on every date sooner or later: the days alone decide
+                feasible := spec.last_day OR spec.days & ((1::bigint << (CASE m WHEN 2 THEN 29 WHEN 4 THEN 30
+                            WHEN 6 THEN 30 WHEN 9 THEN 30 WHEN 11 THEN 30 ELSE 31 END + 1)) - 2) <> 0;
+            ELSE
+                -- d#n and dL pin dates: try every weekday the month can start on, leap Februaries too
+                FOR w IN 0..6 LOOP
+                    feasible := dispatch._cron_days(spec, CASE m WHEN 2 THEN 2000 + w * 4 ELSE 2000 END, m, w) <> 0
+                             OR (m = 2 AND dispatch._cron_days(spec, 2001, m, w) <> 0);
+                    EXIT WHEN feasible;
+                END LOOP;
+            END IF;
+            EXIT WHEN feasible;
+        END LOOP;
+        IF NOT feasible THEN
+            PERFORM dispatch._cron_error(expr, 'can never fire: no month it allows has a day it allows');
+        END IF;
+    END IF;
+    RETURN spec;
+END
+$_$;
+
+
+--
+-- Name: FUNCTION cron_parse(expr text); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.cron_parse(expr text) IS 'Parse a 5-field cron expression (or macro) into a dispatch.cron_spec. Raises SQLSTATE 22023 with a message naming the field and the offending part.';
+
+
+--
+-- Name: cron_spec_next(dispatch.cron_spec, timestamp with time zone, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text DEFAULT 'UTC'::text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+DECLARE
+    w   timestamp;
+    m   timestamp;
+    i   timestamptz;
+    j   timestamptz;
+    c   timestamptz;
+    k   timestamptz;
+    ahead double precision;
+BEGIN
+    IF spec.real_time THEN
+        -- Follows real time: walk instants; a wall-clock time skipped by DST never happens, a
+        -- repeated one happens twice. Between offset changes, wall = instant + constant offset.
+        i := to_timestamp((floor(extract(epoch FROM after) / 60) + 1) * 60);
+        LOOP
+            w := i AT TIME ZONE tz;
+            m := dispatch._cron_match_from(spec, w);
+            ahead := extract(epoch FROM m - w);
+            IF ahead <= 14 * 86400 THEN
+                j := to_timestamp(extract(epoch FROM i) + ahead);
+                IF (j AT TIME ZONE tz) = m THEN
+                    RETURN j;  -- same offset at both ends: no change in between
+                END IF;
+                i := dispatch._tz_transition(i, j, tz);
+            ELSE
+                j := to_timestamp(extract(epoch FROM i) + 14 * 86400);
+                IF (j AT TIME ZONE tz) - w = interval '14 days' THEN
+                    i := j;  -- no offset change and no match in these 14 days
+                ELSE
+                    i := dispatch._tz_transition(i, j, tz);
+                END IF;
+            END IF;
+        END LOOP;
+    END IF;
+
+    -- Fixed time (Debian cron): once per matching wall-clock time; a time skipped by a
+    -- spring-forward fires at the jump, a time repeated by a fall-back at its first occurrence.
+    w := date_trunc('minute', after AT TIME ZONE tz) + interval '1 minute';
+    LOOP
+        m := dispatch._cron_match_from(spec, w);
+        c := m AT TIME ZONE tz;  -- PostgreSQL reads a skipped or repeated time with the standard offset
+        IF (c AT TIME ZONE tz) <> m THEN
+            c := dispatch._tz_transition(c - interval '24 hours', c + interval '24 hours', tz);
+        ELSE
+            k := c - interval '24 hours';
+            k := (m - ((k AT TIME ZONE tz) - (k AT TIME ZONE 'UTC'))) AT TIME ZONE 'UTC';
+            IF k < c AND (k AT TIME ZONE tz) = m THEN
+                c := k;  -- the earlier of two occurrences
+            END IF;
+        END IF;
+        IF c > after THEN
+            RETURN c;
+        END IF;
+        w := m + interval '1 minute';
+    END LOOP;
+END
+$$;
+
+
+--
+-- Name: FUNCTION cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) IS 'dispatch.cron_next for an already parsed expression: the earliest minute-aligned instant strictly after "after" that the spec matches in time zone tz.';
+
+
+--
+-- Name: expire_leases(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.expire_leases() RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r dispatch.runs;
+    requeued integer;
+BEGIN
+    -- Attempts left and the schedule still live: retry under the same request id.
+    UPDATE dispatch.runs x
+    SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
+        error = left(format('lease of %s expired on attempt %s', x.worker, x.attempt), 500)
+    FROM dispatch.schedules s
+    WHERE x.status = 'running' AND x.lease_until < now()
+      AND s.id = x.schedule_id AND x.attempt < s.max_attempts AND s.next_run_at IS NOT NULL;
+    GET DIAGNOSTICS requeued = ROW_COUNT;
+
+    FOR r IN
+        UPDATE dispatch.runs x
+        SET status = CASE WHEN s.next_run_at IS NULL THEN 'skipped' ELSE 'lost' END,
+            finished_at = now(),
+            error = left(CASE WHEN s.next_run_at IS NULL
+                              THEN format('lease of %s expired and the schedule is no longer enabled', x.worker)
+                              ELSE format('lease of %s expired on attempt %s of %s', x.worker, x.attempt, s.max_attempts)
+                         END, 500)
+        FROM dispatch.schedules s
+        WHERE x.status = 'running' AND x.lease_until < now() AND s.id = x.schedule_id
+        RETURNING x.*
+    LOOP
+        PERFORM dispatch._run_finished(r);
+    END LOOP;
+    RETURN requeued;
+END
+$$;
+
+
+--
+-- Name: FUNCTION expire_leases(); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.expire_leases() IS 'Hand running runs whose lease passed back to pending (same request_id), or end them lost after the schedule''s max_attempts (skipped if the schedule was disabled meanwhile). Returns how many went back to pending. Called by dispatch.tick.';
+
+
+--
+-- Name: next_due_at(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.next_due_at() RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT min(next_run_at) FROM dispatch.schedules WHERE next_run_at > now()
+$$;
+
+
+--
+-- Name: FUNCTION next_due_at(); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.next_due_at() IS 'The earliest future next_run_at of a live schedule: when a listener should next call dispatch.tick().';
+
+
+--
+-- Name: refresh_timezones(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.refresh_timezones() RETURNS integer
+    LANGUAGE sql
+    AS $$
+    WITH fresh AS (
+        INSERT INTO dispatch.timezones (name)
+        SELECT name FROM pg_catalog.pg_timezone_names
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM fresh
+$$;
+
+
+--
+-- Name: FUNCTION refresh_timezones(); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.refresh_timezones() IS 'Copy new names from pg_timezone_names into dispatch.timezones; returns how many were added.';
+
+
+--
+-- Name: register_cron_job(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.register_cron_job() RETURNS text
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    cron_db text := current_setting('cron.database_name', true);
+    msg text;
+BEGIN
+    IF cron_db = current_database()
+       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')
+       AND (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+        CREATE EXTENSION pg_cron;
+    END IF;
+
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
+        -- cron.schedule updates a job of the same name, so this is idempotent.
+        EXECUTE $sql$SELECT cron.schedule('dispatch-tick', '* * * * *', 'SELECT dispatch.tick()')$sql$;
+        msg := format('pg_cron job dispatch-tick registered in database %s: SELECT dispatch.tick() every minute',
+                      current_database());
+    ELSIF cron_db = current_database() THEN
+        msg := format('pg_cron is loaded for this database (%s) but the extension is not created: '
+                      'as a superuser run CREATE EXTENSION pg_cron, then install again', cron_db);
+    ELSIF cron_db IS NOT NULL THEN
+        msg := format('pg_cron lives in database %s: register the tick there with '
+                      'psql -d %s -v dispatch_db=%s -f sql/pg_cron.sql', cron_db, cron_db, current_database());
+    ELSE
+        msg := 'pg_cron is not loaded (shared_preload_libraries): nothing calls dispatch.tick() every minute. '
+               'Listeners still tick on their own timers; to add the safety net install postgresql-15-cron, '
+               'add pg_cron to shared_preload_libraries, restart, and install again.';
+    END IF;
+    RAISE NOTICE '%', msg;
+    RETURN msg;
+END
+$_$;
+
+
+--
+-- Name: FUNCTION register_cron_job(); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.register_cron_job() IS 'Register (or update) the pg_cron job dispatch-tick when pg_cron is installed in this database; otherwise say what to do. Returns what it did.';
+
+
+--
+-- Name: release_runs(text, bigint[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.release_runs(worker text, run_ids bigint[]) RETURNS integer
+    LANGUAGE sql
+    AS $$
+    WITH released AS (
+        UPDATE dispatch.runs x
+        SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
+            attempt = x.attempt - 1
+        WHERE x.id = ANY (release_runs.run_ids) AND x.status = 'running' AND x.worker = release_runs.worker
+        RETURNING 1
+    ), wake AS (
+        SELECT pg_notify('dispatch', 'released') FROM released LIMIT 1
+    )
+    SELECT count(*)::integer FROM released, (SELECT count(*) FROM wake) w
+$$;
+
+
+--
+-- Name: FUNCTION release_runs(worker text, run_ids bigint[]); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[]) IS 'Hand runs that worker claimed but never invoked back to pending, giving back the attempt; returns how many. Used by a listener that shuts down.';
+
+
+--
+-- Name: tick(timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.tick(now timestamp with time zone DEFAULT now()) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    marked integer;
+    requeued integer;
+BEGIN
+    -- One tick at a time: two marking the same slots in different orders could deadlock,
+    -- and a queued tick is cheap.
+    PERFORM pg_advisory_xact_lock(hashtext('dispatch.tick'));
+    requeued := dispatch.expire_leases();
+
+    INSERT INTO dispatch.runs (schedule_id, scheduled_for)
+    SELECT s.id, s.next_run_at
+    FROM dispatch.schedules s
+    WHERE s.next_run_at <= tick.now
+    ORDER BY s.next_run_at
+    ON CONFLICT DO NOTHING;  -- a slot already marked, or a run still open for the schedule
+    GET DIAGNOSTICS marked = ROW_COUNT;
+
+    IF marked + requeued > 0 THEN
+        PERFORM pg_notify('dispatch', json_build_object('marked', marked, 'requeued', requeued)::text);
+    END IF;
+    RETURN marked;
+END
+$$;
+
+
+--
+-- Name: FUNCTION tick(now timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.tick(now timestamp with time zone) IS 'Mark every live schedule due at or before "now" as a pending run (idempotent per slot), expire leases by the real clock, NOTIFY dispatch when there is work. Returns how many runs it marked. Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
+
+
+--
+-- Name: audit_log; Type: TABLE; Schema: dispatch; Owner: -
+--
+
+CREATE TABLE dispatch.audit_log (
+    id bigint NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    actor_id text,
+    project_id text,
+    action text NOT NULL,
+    ip_hash text,
+    user_agent text,
+    metadata jsonb DEFAULT '{}'::jsonb NOT NULL
+);
+
+
+--
+-- Name: TABLE audit_log; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.audit_log IS 'One row per schedule change (schedule.create/update/delete) and per finished run (schedule.run.ok/error/skipped/lost).';
+
+
+--
+-- Name: COLUMN audit_log.actor_id; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.audit_log.actor_id IS 'Database role that changed a schedule; NULL for runs (no user session).';
+
+
+--
+-- Name: COLUMN audit_log.metadata; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.audit_log.metadata IS 'For runs: scheduleId, requestId, functionName, runId, scheduledFor, attempt, and error when there is one.';
+
+
+--
+-- Name: audit_log_id_seq; Type: SEQUENCE; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE dispatch.audit_log ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME dispatch.audit_log_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: migrations; Type: TABLE; Schema: dispatch; Owner: -
+--
+
+CREATE TABLE dispatch.migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+--
+-- Name: TABLE migrations; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.migrations IS 'Applied migrations (sql/migrations/NNNN_name.sql). Each is recorded in the transaction that applies it, first, so that a concurrent or repeated install fails before changing anything.';
+
+
+--
+-- Name: runs_id_seq; Type: SEQUENCE; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE dispatch.runs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME dispatch.runs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: schedules; Type: TABLE; Schema: dispatch; Owner: -
+--
+
+CREATE TABLE dispatch.schedules (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    project_id text NOT NULL,
+    function_name text NOT NULL,
+    cron_expression text NOT NULL,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    args jsonb DEFAULT '{}'::jsonb NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    deleted_at timestamp with time zone,
+    next_run_at timestamp with time zone,
+    last_run_at timestamp with time zone,
+    last_status text,
+    last_error text,
+    max_attempts integer DEFAULT 3 NOT NULL,
+    cron_spec dispatch.cron_spec NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schedules_args_check CHECK ((jsonb_typeof(args) = 'object'::text)),
+    CONSTRAINT schedules_last_status_check CHECK ((last_status = ANY (ARRAY['ok'::text, 'error'::text, 'skipped'::text, 'lost'::text]))),
+    CONSTRAINT schedules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 10))),
+    CONSTRAINT schedules_next_run_at_live_check CHECK (((next_run_at IS NULL) OR (enabled AND (deleted_at IS NULL)))),
+    CONSTRAINT schedules_project_id_check CHECK ((project_id ~ '^[^[:space:][:cntrl:]/]{1,200}$'::text))
+);
+
+
+--
+-- Name: TABLE schedules; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.schedules IS 'One row per schedule. INSERT/UPDATE from any client validates cron_expression, timezone and function_name and computes next_run_at.';
+
+
+--
+-- Name: COLUMN schedules.project_id; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.project_id IS 'Tenant; percent-encoded into the invoke URL.';
+
+
+--
+-- Name: COLUMN schedules.function_name; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.function_name IS 'Function to call: a letter or digit, then letters, digits, _ . - (at most 128); percent-encoded into the invoke URL.';
+
+
+--
+-- Name: COLUMN schedules.timezone; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.timezone IS 'IANA zone name (pg_timezone_names) the expression is read in.';
+
+
+--
+-- Name: COLUMN schedules.args; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.args IS 'JSON object passed as "args" in the request body.';
+
+
+--
+-- Name: COLUMN schedules.deleted_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.deleted_at IS 'Soft delete: set it to stop the schedule and keep its history.';
+
+
+--
+-- Name: COLUMN schedules.next_run_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.next_run_at IS 'Next slot to fire; NULL when disabled or deleted. Stays on a slot while its run is pending or running; dispatch.complete_run advances it.';
+
+
+--
+-- Name: COLUMN schedules.last_status; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.last_status IS 'Status of the latest finished run: ok, error, skipped or lost.';
+
+
+--
+-- Name: COLUMN schedules.max_attempts; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.max_attempts IS 'Claims a run may take before an expired lease makes it lost.';
+
+
+--
+-- Name: COLUMN schedules.cron_spec; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.cron_spec IS 'cron_expression parsed by the write trigger (dispatch.cron_parse).';
+
+
+--
+-- Name: COLUMN schedules.updated_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.updated_at IS 'Last change to the definition (not to next_run_at or last_*).';
+
+
+--
+-- Name: timezones; Type: TABLE; Schema: dispatch; Owner: -
+--
+
+CREATE TABLE dispatch.timezones (
+    name text NOT NULL
+);
+
+
+--
+-- Name: TABLE timezones; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.timezones IS 'Cache of pg_timezone_names.name, the only zone names schedules accept. Refresh with dispatch.refresh_timezones() after a tzdata upgrade.';
+
+
+--
+-- Name: audit_log audit_log_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.audit_log
+    ADD CONSTRAINT audit_log_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: migrations migrations_name_key; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.migrations
+    ADD CONSTRAINT migrations_name_key UNIQUE (name);
+
+
+--
+-- Name: migrations migrations_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.migrations
+    ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);
+
+
+--
+-- Name: runs runs_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.runs
+    ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: runs runs_slot_key; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.runs
+    ADD CONSTRAINT runs_slot_key UNIQUE (schedule_id, scheduled_for);
+
+
+--
+-- Name: schedules schedules_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.schedules
+    ADD CONSTRAINT schedules_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: timezones timezones_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.timezones
+    ADD CONSTRAINT timezones_pkey PRIMARY KEY (name);
+
+
+--
+-- Name: audit_log_at_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX audit_log_at_idx ON dispatch.audit_log USING btree (at);
+
+
+--
+-- Name: audit_log_project_id_at_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX audit_log_project_id_at_idx ON dispatch.audit_log USING btree (project_id, at);
+
+
+--
+-- Name: runs_one_open_per_schedule_key; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE UNIQUE INDEX runs_one_open_per_schedule_key ON dispatch.runs USING btree (schedule_id) WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
+
+
+--
+-- Name: runs_pending_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX runs_pending_idx ON dispatch.runs USING btree (scheduled_for, id) WHERE (status = 'pending'::text);
+
+
+--
+-- Name: runs_running_lease_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX runs_running_lease_idx ON dispatch.runs USING btree (lease_until) WHERE (status = 'running'::text);
+
+
+--
+-- Name: schedules_next_run_at_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX schedules_next_run_at_idx ON dispatch.schedules USING btree (next_run_at) WHERE (next_run_at IS NOT NULL);
+
+
+--
+-- Name: schedules_project_id_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX schedules_project_id_idx ON dispatch.schedules USING btree (project_id);
+
+
+--
+-- Name: schedules _100_validate_insert; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _100_validate_insert BEFORE INSERT ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
+
+
+--
+-- Name: schedules _100_validate_update; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
+
+
+--
+-- Name: schedules _200_skip_pending; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _200_skip_pending AFTER UPDATE OF enabled, deleted_at ON dispatch.schedules FOR EACH ROW WHEN (((new.next_run_at IS NULL) AND (old.next_run_at IS NOT NULL))) EXECUTE FUNCTION dispatch._schedule_skip_pending();
+
+
+--
+-- Name: schedules _800_audit_insert; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_audit();
+
+
+--
+-- Name: schedules _800_audit_update; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _800_audit_update AFTER UPDATE ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at))) EXECUTE FUNCTION dispatch._schedule_audit();
+
+
+--
+-- Name: schedules _900_notify; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _900_notify AFTER INSERT OR UPDATE OF enabled, deleted_at, cron_expression, timezone ON dispatch.schedules FOR EACH STATEMENT EXECUTE FUNCTION dispatch._schedule_notify();
+
+
+--
+-- Name: runs runs_schedule_id_fkey; Type: FK CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.runs
+    ADD CONSTRAINT runs_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES dispatch.schedules(id) ON DELETE CASCADE;
+
+
+--
+-- PostgreSQL database dump complete
+--
+
