@@ -1,0 +1,390 @@
+"""Runs: tick marks, claim_runs hands out, complete_run records and advances; leases expire
+to a retry or to lost. Concurrency is exercised with real concurrent sessions."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import errors
+
+Connect = Callable[..., psycopg.Connection]
+
+
+def add_schedule(db: psycopg.Connection, expr: str = "* * * * *", **columns: Any) -> str:
+    names = ["project_id", "function_name", "cron_expression", *columns]
+    values = ["proj_1", "fn", expr, *columns.values()]
+    row = db.execute(
+        f"INSERT INTO dispatch.schedules ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))})"
+        " RETURNING id",
+        values,
+    ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def make_due(db: psycopg.Connection, ago: str = "1 second") -> None:
+    """Put every live schedule's slot in the past, as the clock would."""
+    db.execute(
+        "UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now() - %s::interval)"
+        " WHERE next_run_at IS NOT NULL",
+        (ago,),
+    )
+
+
+def scalar(db: psycopg.Connection, sql: str, params: Any = None) -> Any:
+    row = db.execute(sql, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def claim(
+    db: psycopg.Connection, worker: str, n: int = 10, lease: str = "60 seconds"
+) -> list[tuple[Any, ...]]:
+    return db.execute(
+        "SELECT * FROM dispatch.claim_runs(%s, %s, %s::interval)", (worker, n, lease)
+    ).fetchall()
+
+
+def complete(
+    db: psycopg.Connection, run_id: int, worker: str, status: str = "ok", **kw: Any
+) -> tuple[bool, bool]:
+    row = db.execute(
+        "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s)",
+        (run_id, worker, status, kw.get("error"), kw.get("http_status"), kw.get("duration_ms")),
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def expire(db: psycopg.Connection, run_id: int) -> None:
+    """Let a lease run out: wait (on the database's clock) until it has, then tick."""
+    deadline = time.monotonic() + 10
+    while not scalar(db, "SELECT lease_until < now() FROM dispatch.runs WHERE id = %s", (run_id,)):
+        assert time.monotonic() < deadline, "lease did not expire"
+    db.execute("SELECT dispatch.tick()")
+
+
+def test_tick_marks_due_slots_once(db: psycopg.Connection) -> None:
+    sid = add_schedule(db)
+    add_schedule(db, enabled=False)
+    assert scalar(db, "SELECT dispatch.tick()") == 0  # nothing due yet
+    make_due(db)
+    assert scalar(db, "SELECT dispatch.tick()") == 1
+    assert scalar(db, "SELECT dispatch.tick()") == 0
+    assert scalar(db, "SELECT dispatch.tick(now() + interval '1 hour')") == 0  # slot held while open
+    row = db.execute(
+        "SELECT schedule_id, status, attempt, request_id, scheduled_for FROM dispatch.runs"
+    ).fetchall()
+    assert len(row) == 1
+    assert str(row[0][0]) == sid
+    assert row[0][1:3] == ("pending", 0)
+    assert row[0][3].startswith("sched_")
+    assert len(row[0][3]) == len("sched_") + 36
+    assert scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (sid,)) == row[0][4]
+
+
+def test_tick_horizon_marks_future_slots(db: psycopg.Connection) -> None:
+    add_schedule(db, "0 0 1 1 *")
+    assert scalar(db, "SELECT dispatch.tick(now() + interval '400 days')") == 1
+
+
+def test_tick_notifies_when_it_marks(db: psycopg.Connection, connect: Connect) -> None:
+    listener = connect()
+    listener.execute("LISTEN dispatch")
+    add_schedule(db)
+    assert next(listener.notifies(timeout=5, stop_after=1)).payload == "schedules"
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    note = next(listener.notifies(timeout=5, stop_after=1))
+    assert note.payload == '{"marked" : 1, "requeued" : 0}'
+
+
+def test_concurrent_ticks_never_mark_a_slot_twice(db: psycopg.Connection, connect: Connect) -> None:
+    db.execute(
+        "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
+        " SELECT 'p' || g % 7, 'fn', '* * * * *' FROM generate_series(1, 300) g"
+    )
+    make_due(db)
+    sessions = [connect(autocommit=False) for _ in range(4)]
+    barrier = threading.Barrier(len(sessions))
+    marked: list[int] = []
+    failures: list[BaseException] = []
+
+    def tick(conn: psycopg.Connection) -> None:
+        try:
+            barrier.wait()
+            marked.append(scalar(conn, "SELECT dispatch.tick()"))
+            conn.commit()
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=tick, args=(c,)) for c in sessions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert sum(marked) == 300
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs") == 300
+
+
+def test_concurrent_claims_never_return_the_same_run(db: psycopg.Connection, connect: Connect) -> None:
+    db.execute(
+        "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
+        " SELECT 'p', 'fn', '* * * * *' FROM generate_series(1, 400)"
+    )
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    # Two open transactions claim at once: the first holds its rows, the second skips them.
+    a, b = connect(autocommit=False), connect(autocommit=False)
+    first = {r[0] for r in claim(a, "a", 150)}
+    second = {r[0] for r in claim(b, "b", 150)}
+    assert len(first) == len(second) == 150
+    assert first.isdisjoint(second)
+    a.commit()
+    b.commit()
+    # Then many sessions race until nothing is left.
+    sessions = [connect() for _ in range(4)]
+    got: list[list[int]] = [[] for _ in sessions]
+
+    def drain(i: int) -> None:
+        while rows := claim(sessions[i], f"w{i}", 7):
+            got[i].extend(r[0] for r in rows)
+
+    threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(sessions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = [*first, *second, *(r for g in got for r in g)]
+    assert len(everything) == len(set(everything)) == 400
+
+
+def test_claim_returns_what_an_invocation_needs_oldest_first(db: psycopg.Connection) -> None:
+    old = add_schedule(db, args='{"k": [1, 2]}')
+    new = add_schedule(db)
+    db.execute(
+        "UPDATE dispatch.schedules SET next_run_at = now() - interval '5 minutes' WHERE id = %s", (old,)
+    )
+    db.execute(
+        "UPDATE dispatch.schedules SET next_run_at = now() - interval '1 minute' WHERE id = %s", (new,)
+    )
+    db.execute("SELECT dispatch.tick()")
+    cur = db.execute("SELECT * FROM dispatch.claim_runs('w', 1, '45 seconds')")
+    assert [c.name for c in cur.description or []] == [
+        "run_id", "schedule_id", "project_id", "function_name", "args",
+        "request_id", "scheduled_for", "attempt", "lease_until",
+    ]  # fmt: skip
+    (run,) = cur.fetchall()
+    assert str(run[1]) == old
+    assert run[2:5] == ("proj_1", "fn", {"k": [1, 2]})
+    assert run[7] == 1
+    lease = scalar(db, "SELECT lease_until - claimed_at FROM dispatch.runs WHERE id = %s", (run[0],))
+    assert lease.total_seconds() == 45
+    with pytest.raises(errors.CheckViolation, match="runs_running_has_lease_check"):
+        claim(db, "w", 1, "0 seconds")
+
+
+def test_complete_records_advances_and_audits(db: psycopg.Connection) -> None:
+    sid = add_schedule(db, "*/10 * * * *")
+    make_due(db, "25 minutes")  # two slots were missed meanwhile: they are skipped, not piled up
+    db.execute("SELECT dispatch.tick()")
+    (run,) = claim(db, "w1")
+    assert complete(db, run[0], "w1", "error", error="E" * 600, http_status=500, duration_ms=42) == (
+        True,
+        True,
+    )
+    status, error, http_status, duration = db.execute(
+        "SELECT status, error, http_status, duration_ms FROM dispatch.runs WHERE id = %s", (run[0],)
+    ).fetchone()  # type: ignore[misc]
+    assert (status, len(error), http_status, duration) == ("error", 500, 500, 42)
+    assert scalar(
+        db,
+        "SELECT next_run_at = dispatch.cron_next('*/10 * * * *', now(), 'UTC') AND last_status = 'error'"
+        " AND length(last_error) = 500 FROM dispatch.schedules WHERE id = %s",
+        (sid,),
+    )
+    action, metadata = db.execute(
+        "SELECT action, metadata FROM dispatch.audit_log WHERE action LIKE 'schedule.run.%'"
+    ).fetchone()  # type: ignore[misc]
+    assert action == "schedule.run.error"
+    assert metadata["scheduleId"] == sid
+    assert metadata["requestId"] == run[5]
+    assert metadata["functionName"] == "fn"
+    assert metadata["error"] == "E" * 500
+    # completing again changes nothing
+    assert complete(db, run[0], "w1", "ok") == (False, False)
+    assert scalar(db, "SELECT count(*) FROM dispatch.audit_log WHERE action LIKE 'schedule.run.%'") == 1
+
+
+def test_ok_audit_has_no_error_key(db: psycopg.Connection) -> None:
+    add_schedule(db)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    (run,) = claim(db, "w")
+    assert complete(db, run[0], "w", "ok", http_status=200) == (True, True)
+    metadata = scalar(db, "SELECT metadata FROM dispatch.audit_log WHERE action = 'schedule.run.ok'")
+    assert "error" not in metadata
+    assert {"scheduleId", "requestId", "functionName"} <= metadata.keys()
+
+
+def test_complete_refuses_a_status_it_does_not_know(db: psycopg.Connection) -> None:
+    with pytest.raises(errors.InvalidParameterValue, match="status must be ok or error"):
+        complete(db, 1, "w", "lost")
+
+
+def test_a_worker_that_lost_its_lease_cannot_complete(db: psycopg.Connection) -> None:
+    add_schedule(db)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    (run,) = claim(db, "old", lease="10 milliseconds")
+    expire(db, run[0])
+    (again,) = claim(db, "new")
+    assert again[0] == run[0]
+    assert again[5] == run[5]  # same request id: the idempotency key
+    assert again[7] == 2
+    assert complete(db, run[0], "old", "ok") == (False, False)
+    assert (
+        scalar(db, "SELECT status || ' ' || worker FROM dispatch.runs WHERE id = %s", (run[0],))
+        == "running new"
+    )
+    assert complete(db, run[0], "new", "ok") == (True, True)
+
+
+def test_edit_mid_flight_wins_but_the_run_is_recorded(db: psycopg.Connection) -> None:
+    sid = add_schedule(db)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    (run,) = claim(db, "w")
+    db.execute("UPDATE dispatch.schedules SET cron_expression = '0 12 * * *' WHERE id = %s", (sid,))
+    edited = scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (sid,))
+    # the new slot is not marked while the old run is open: no overlap
+    assert scalar(db, "SELECT dispatch.tick(%s)", (edited,)) == 0
+    assert complete(db, run[0], "w", "ok") == (True, False)
+    assert db.execute(
+        "SELECT next_run_at, last_status FROM dispatch.schedules WHERE id = %s", (sid,)
+    ).fetchone() == (edited, "ok")
+    assert scalar(db, "SELECT status FROM dispatch.runs WHERE id = %s", (run[0],)) == "ok"
+
+
+def test_expired_lease_retries_then_ends_lost(db: psycopg.Connection, connect: Connect) -> None:
+    sid = add_schedule(db, max_attempts=2)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    listener = connect()
+    listener.execute("LISTEN dispatch")
+    (run,) = claim(db, "w1", lease="10 milliseconds")
+    expire(db, run[0])
+    status, attempt, request_id, error = db.execute(
+        "SELECT status, attempt, request_id, error FROM dispatch.runs WHERE id = %s", (run[0],)
+    ).fetchone()  # type: ignore[misc]
+    assert (status, attempt, request_id) == ("pending", 1, run[5])
+    assert error == "lease of w1 expired on attempt 1"
+    assert next(listener.notifies(timeout=5, stop_after=1)).payload == '{"marked" : 0, "requeued" : 1}'
+
+    (run2,) = claim(db, "w2", lease="10 milliseconds")
+    assert run2[7] == 2
+    expire(db, run[0])
+    assert db.execute("SELECT status, error FROM dispatch.runs WHERE id = %s", (run[0],)).fetchone() == (
+        "lost",
+        "lease of w2 expired on attempt 2 of 2",
+    )
+    assert scalar(
+        db,
+        "SELECT last_status = 'lost' AND next_run_at > now() FROM dispatch.schedules WHERE id = %s",
+        (sid,),
+    )
+    metadata = scalar(db, "SELECT metadata FROM dispatch.audit_log WHERE action = 'schedule.run.lost'")
+    assert metadata["requestId"] == run[5]
+    assert metadata["error"] == "lease of w2 expired on attempt 2 of 2"
+    # the schedule moved on: its next slot (another one than the lost one) gets marked normally
+    make_due(db, "2 minutes")
+    assert scalar(db, "SELECT dispatch.tick()") == 1
+
+
+def test_release_gives_back_the_attempt(db: psycopg.Connection) -> None:
+    add_schedule(db)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    (run,) = claim(db, "w")
+    assert scalar(db, "SELECT dispatch.release_runs('other', ARRAY[%s]::bigint[])", (run[0],)) == 0
+    assert scalar(db, "SELECT dispatch.release_runs('w', ARRAY[%s]::bigint[])", (run[0],)) == 1
+    assert db.execute(
+        "SELECT status, attempt, worker FROM dispatch.runs WHERE id = %s", (run[0],)
+    ).fetchone() == ("pending", 0, None)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"), [("enabled = false", "disabled"), ("deleted_at = now()", "deleted")]
+)
+def test_stopping_a_schedule_skips_what_it_had_pending(
+    db: psycopg.Connection, change: str, reason: str
+) -> None:
+    sid = add_schedule(db)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    db.execute(f"UPDATE dispatch.schedules SET {change} WHERE id = %s", (sid,))
+    assert db.execute("SELECT status, error FROM dispatch.runs").fetchone() == (
+        "skipped",
+        f"schedule {reason} before the run was claimed",
+    )
+    assert claim(db, "w") == []
+    assert scalar(db, "SELECT count(*) FROM dispatch.audit_log WHERE action = 'schedule.run.skipped'") == 1
+
+
+def test_a_running_run_of_a_disabled_schedule_is_not_retried(db: psycopg.Connection) -> None:
+    sid = add_schedule(db)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    (run,) = claim(db, "w", lease="10 milliseconds")
+    db.execute("UPDATE dispatch.schedules SET enabled = false WHERE id = %s", (sid,))
+    expire(db, run[0])
+    assert scalar(db, "SELECT status FROM dispatch.runs WHERE id = %s", (run[0],)) == "skipped"
+    assert claim(db, "w") == []
+
+
+def test_every_finished_run_has_exactly_one_audit_row(db: psycopg.Connection) -> None:
+    db.execute(
+        "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, max_attempts)"
+        " SELECT 'p', 'fn', '* * * * *', 1 FROM generate_series(1, 40)"
+    )
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    runs = claim(db, "w", 30, lease="10 milliseconds")
+    for i, run in enumerate(runs[:20]):
+        complete(db, run[0], "w", "ok" if i % 2 else "error", error=None if i % 2 else "boom")
+    expire(db, runs[-1][0])  # the 10 not completed end lost
+    db.execute("UPDATE dispatch.schedules SET enabled = false")  # the 10 unclaimed end skipped
+    by_status = dict(db.execute("SELECT status, count(*) FROM dispatch.runs GROUP BY 1").fetchall())
+    assert by_status == {"ok": 10, "error": 10, "lost": 10, "skipped": 10}
+    assert (
+        scalar(
+            db,
+            "SELECT count(*) FROM dispatch.runs r JOIN dispatch.audit_log a"
+            " ON a.metadata->>'runId' = r.id::text AND a.action = 'schedule.run.' || r.status",
+        )
+        == 40
+    )
+    assert scalar(db, "SELECT count(*) FROM dispatch.audit_log WHERE action LIKE 'schedule.run.%'") == 40
+
+
+def test_claiming_pending_runs_uses_the_pending_index(db: psycopg.Connection) -> None:
+    db.execute("SET enable_seqscan = off")  # the table is tiny here; ask which index the plan would use
+    plan = "\n".join(
+        r[0]
+        for r in db.execute(
+            "EXPLAIN SELECT r.id FROM dispatch.runs r WHERE r.status = 'pending'"
+            " ORDER BY r.scheduled_for, r.id LIMIT 10 FOR UPDATE SKIP LOCKED"
+        ).fetchall()
+    )
+    assert "runs_pending_idx" in plan
+    due = "\n".join(
+        r[0]
+        for r in db.execute("EXPLAIN SELECT id FROM dispatch.schedules WHERE next_run_at <= now()").fetchall()
+    )
+    assert "schedules_next_run_at_idx" in due
