@@ -1,0 +1,70 @@
+"""pg_cron: the install registers dispatch-tick where pg_cron lives, and pg_cron really fires it.
+The test cluster runs pg_cron in database postgres (cron.database_name)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.conftest import ROOT, psql
+
+
+@pytest.fixture
+def cron_db(db: psycopg.Connection) -> Iterator[psycopg.Connection]:
+    """A session in pg_cron's database; the dispatch-tick job is removed afterwards."""
+    params = db.info.get_parameters() | {"dbname": "postgres"}
+    with psycopg.connect(**params, autocommit=True) as conn:
+        yield conn
+        conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = 'dispatch-tick'")
+
+
+def test_install_in_pg_crons_database_registers_the_job(cron_db: psycopg.Connection) -> None:
+    try:
+        for _ in range(2):  # idempotent: one job however often it runs
+            out = psql("postgres", "-f", str(ROOT / "sql" / "install.sql")).stdout
+            assert "pg_cron job dispatch-tick registered in database postgres" in out
+        jobs = cron_db.execute(
+            "SELECT schedule, command, database FROM cron.job WHERE jobname = 'dispatch-tick'"
+        ).fetchall()
+        assert jobs == [("* * * * *", "SELECT dispatch.tick()", "postgres")]
+    finally:
+        cron_db.execute("DROP SCHEMA IF EXISTS dispatch CASCADE")
+
+
+@pytest.mark.slow
+def test_pg_cron_ticks_another_database(db: psycopg.Connection, cron_db: psycopg.Connection) -> None:
+    dbname = db.info.dbname
+    for _ in range(2):
+        out = psql("postgres", "-v", f"dispatch_db={dbname}", "-f", str(ROOT / "sql" / "pg_cron.sql"))
+        assert f"registered in database postgres for database {dbname}" in out.stdout
+    assert cron_db.execute(
+        "SELECT schedule, command, database FROM cron.job WHERE jobname = 'dispatch-tick'"
+    ).fetchall() == [("* * * * *", "SELECT dispatch.tick()", dbname)]
+
+    db.execute("LISTEN dispatch")
+    db.execute(
+        "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
+        " VALUES ('p', 'fn', '* * * * *')"
+    )
+    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now())")
+    # pg_cron fires at the next minute boundary: wait for its NOTIFY (at most ~60 s).
+    deadline = time.monotonic() + 90
+    payloads = []
+    for note in db.notifies(timeout=90):
+        payloads.append(note.payload)
+        if note.payload.startswith('{"marked"'):
+            break
+    assert '{"marked" : 1, "requeued" : 0}' in payloads
+    assert db.execute("SELECT status FROM dispatch.runs").fetchall() == [("pending",)]
+    # pg_cron writes the job's status just after the command commits
+    while (
+        status := cron_db.execute(
+            "SELECT status FROM cron.job_run_details d JOIN cron.job j USING (jobid)"
+            " WHERE j.jobname = 'dispatch-tick' ORDER BY runid DESC LIMIT 1"
+        ).fetchone()
+    ) != ("succeeded",):
+        assert status in {("starting",), ("running",), None}, status
+        assert time.monotonic() < deadline
