@@ -1,0 +1,244 @@
+"""Listener settings: every option from a flag or a PGDISPATCH_* variable, the flag winning."""
+
+from __future__ import annotations
+
+import os
+import socket
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg.conninfo
+
+__all__ = ["OPTIONS", "ConfigError", "Option", "Settings", "load_settings", "redact_conninfo"]
+
+LEASE_MARGIN_S = 30.0
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(Exception):
+    """The listener's configuration is invalid; the message names the setting and why."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of `pgdispatch listen`: its flag, its environment variable and its help."""
+
+    name: str
+    flag: str
+    env: str
+    help: str
+    metavar: str = "VALUE"
+
+    @property
+    def label(self) -> str:
+        return f"{self.flag} / {self.env}"
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("database_url", "--database-url", "PGDISPATCH_DATABASE_URL",
+           "libpq URL or key=value string for claims and completions (required)", "URL"),
+    Option("listen_database_url", "--listen-database-url", "PGDISPATCH_LISTEN_DATABASE_URL",
+           "a direct session for LISTEN when the main URL goes through a transaction pooler "
+           "(default: the main URL)", "URL"),
+    Option("invoke_url", "--invoke-url", "PGDISPATCH_INVOKE_URL",
+           "URL template with {project_id} and {function_name}, each percent-encoded as one path "
+           "segment (required)", "TEMPLATE"),
+    Option("concurrency", "--concurrency", "PGDISPATCH_CONCURRENCY",
+           "invocations in flight at most (default 64)", "N"),
+    Option("timeout_s", "--timeout", "PGDISPATCH_TIMEOUT",
+           "seconds an invocation may take, response body included (default 30)", "SECONDS"),
+    Option("lease_s", "--lease", "PGDISPATCH_LEASE",
+           "seconds a claimed run is held before another listener may retry it; must exceed the "
+           "timeout (default timeout + 30)", "SECONDS"),
+    Option("worker_id", "--worker-id", "PGDISPATCH_WORKER_ID",
+           "name of this listener in dispatch.runs.worker and application_name (default host:pid)", "ID"),
+    Option("signing_secret", "--signing-secret-file", "PGDISPATCH_SIGNING_SECRET",
+           "sign each request with HMAC-SHA256 (X-Dispatch-Signature): the flag names a file holding "
+           "the secret, the variable holds the secret itself", "PATH"),
+    Option("sweep_interval_s", "--sweep-interval", "PGDISPATCH_SWEEP_INTERVAL",
+           "seconds between fallback sweeps (tick and claim) in case a NOTIFY was missed (default 10)",
+           "SECONDS"),
+    Option("grace_s", "--grace-period", "PGDISPATCH_GRACE_PERIOD",
+           "seconds in-flight invocations get to finish after SIGTERM/SIGINT (default 25)", "SECONDS"),
+    Option("pool_size", "--pool-size", "PGDISPATCH_POOL_SIZE",
+           "database connections for claims and completions, besides the LISTEN one (default 4)", "N"),
+    Option("log_level", "--log-level", "PGDISPATCH_LOG_LEVEL",
+           "debug, info, warning or error (default info)", "LEVEL"),
+)
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """What one listener needs. Durations are seconds (`_s`)."""
+
+    database_url: str
+    invoke_url: str
+    listen_database_url: str = ""  # "" = database_url
+    concurrency: int = 64
+    timeout_s: float = 30.0
+    lease_s: float = 0.0  # 0 = timeout_s + 30
+    worker_id: str = field(default_factory=_default_worker_id)
+    signing_secret: bytes | None = field(default=None, repr=False)
+    sweep_interval_s: float = 10.0
+    grace_s: float = 25.0
+    pool_size: int = 4
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.listen_database_url:
+            object.__setattr__(self, "listen_database_url", self.database_url)
+        if not self.lease_s:
+            object.__setattr__(self, "lease_s", self.timeout_s + LEASE_MARGIN_S)
+        self._validate()
+
+    def _validate(self) -> None:
+        for name in ("database_url", "listen_database_url"):
+            value: str = getattr(self, name)
+            if not value:
+                raise _invalid(name, "is required")
+            try:
+                psycopg.conninfo.conninfo_to_dict(value)
+            except psycopg.ProgrammingError as exc:
+                raise _invalid(name, f"is not a libpq connection string or URL ({exc})") from None
+        _check_template(self.invoke_url)
+        if self.concurrency < 1:
+            raise _invalid("concurrency", f"must be at least 1, not {self.concurrency}")
+        for name in ("timeout_s", "sweep_interval_s"):
+            if not getattr(self, name) > 0:
+                raise _invalid(name, f"must be more than 0 seconds, not {getattr(self, name):g}")
+        if self.grace_s < 0:
+            raise _invalid("grace_s", f"must be 0 seconds or more, not {self.grace_s:g}")
+        if not self.lease_s > self.timeout_s:
+            raise _invalid(
+                "lease_s",
+                f"must be longer than the timeout ({self.timeout_s:g} s), not {self.lease_s:g} s: "
+                "a run would be retried while its first invocation may still be running",
+            )
+        if self.pool_size < 1:
+            raise _invalid("pool_size", f"must be at least 1, not {self.pool_size}")
+        if not self.worker_id.strip() or not self.worker_id.isprintable():
+            raise _invalid("worker_id", "must be printable text, not blank")
+        if self.signing_secret is not None and not self.signing_secret:
+            raise _invalid("signing_secret", "is empty")
+        if self.log_level not in LOG_LEVELS:
+            raise _invalid("log_level", f"must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
+
+    @property
+    def application_name(self) -> str:
+        """What the listener's sessions show in pg_stat_activity."""
+        return f"pgdispatch {self.worker_id}"
+
+    def describe(self) -> dict[str, object]:
+        """The settings as safe to log: no secret, no password."""
+        return {
+            "database": redact_conninfo(self.database_url),
+            "listen_database": redact_conninfo(self.listen_database_url),
+            "invoke_url": self.invoke_url,
+            "concurrency": self.concurrency,
+            "timeout_s": self.timeout_s,
+            "lease_s": self.lease_s,
+            "worker_id": self.worker_id,
+            "signing": self.signing_secret is not None,
+            "sweep_interval_s": self.sweep_interval_s,
+            "grace_s": self.grace_s,
+            "pool_size": self.pool_size,
+        }
+
+
+def _invalid(name: str, why: str) -> ConfigError:
+    return ConfigError(f"{_BY_NAME[name].label} {why}")
+
+
+def _check_template(template: str) -> None:
+    if not template:
+        raise _invalid("invoke_url", "is required")
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as exc:
+        raise _invalid("invoke_url", f"is not a valid template ({exc})") from None
+    unknown = fields - {"project_id", "function_name"}
+    if unknown:
+        raise _invalid(
+            "invoke_url", f"may only use {{project_id}} and {{function_name}}, not {sorted(unknown)}"
+        )
+    if "function_name" not in fields:
+        raise _invalid("invoke_url", "must contain {function_name}")
+    parts = urlsplit(template.format(project_id="p", function_name="f"))
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise _invalid("invoke_url", f"must be an http:// or https:// URL, not {template!r}")
+
+
+def redact_conninfo(conninfo: str) -> str:
+    """The connection target without its password, for logs and messages."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return "<unparseable connection string>"
+    kept = ("host", "hostaddr", "port", "dbname", "user")
+    shown = {key: value for key, value in params.items() if key in kept}
+    return psycopg.conninfo.make_conninfo("", **shown)
+
+
+def _number(name: str, raw: str, kind: type[int] | type[float]) -> float:
+    try:
+        return kind(raw)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number of seconds"
+        raise _invalid(name, f"must be {what}, not {raw!r}") from None
+
+
+def _secret_from_file(path: str) -> bytes:
+    try:
+        secret = Path(path).read_bytes()
+    except OSError as exc:
+        raise _invalid("signing_secret", f"cannot be read: {exc.strerror or exc} ({path})") from None
+    secret = secret.rstrip(b"\r\n")
+    if not secret:
+        raise _invalid("signing_secret", f"file {path} is empty")
+    return secret
+
+
+def load_settings(flags: Mapping[str, str | None], environ: Mapping[str, str] | None = None) -> Settings:
+    """Build Settings from parsed flags (option name → raw text or None) and the environment.
+
+    Raises ConfigError with one line naming the setting.
+    """
+    env = os.environ if environ is None else environ
+    raw: dict[str, str] = {}
+    for option in OPTIONS:
+        flag_value = flags.get(option.name)
+        if flag_value is not None:
+            raw[option.name] = flag_value
+        elif env.get(option.env):
+            raw[option.name] = env[option.env]
+
+    values: dict[str, object] = {}
+    for name in ("database_url", "listen_database_url", "invoke_url", "worker_id"):
+        if name in raw:
+            values[name] = raw[name].strip()
+    for name in ("concurrency", "pool_size"):
+        if name in raw:
+            values[name] = int(_number(name, raw[name], int))
+    for name in ("timeout_s", "lease_s", "sweep_interval_s", "grace_s"):
+        if name in raw:
+            values[name] = _number(name, raw[name], float)
+    if "log_level" in raw:
+        values["log_level"] = raw["log_level"].strip().lower()
+    if flags.get("signing_secret") is not None:
+        values["signing_secret"] = _secret_from_file(raw["signing_secret"])
+    elif "signing_secret" in raw:
+        values["signing_secret"] = raw["signing_secret"].encode()
+    for name in ("database_url", "invoke_url"):
+        if not values.get(name):
+            raise _invalid(name, "is required")
+    if "lease_s" in values and values["lease_s"] == 0:
+        raise _invalid("lease_s", "must be more than 0 seconds")
+    return Settings(**values)  # type: ignore[arg-type]

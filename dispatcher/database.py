@@ -1,0 +1,98 @@
+"""The listener's calls into the dispatch schema, over a psycopg_pool connection pool."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from dispatcher.runs import Outcome, Run
+
+__all__ = ["Database", "DatabaseUnavailable"]
+
+# How long a call waits for a pooled connection before the database counts as unavailable.
+CONNECTION_WAIT_S = 5.0
+
+
+class DatabaseUnavailable(Exception):
+    """The database cannot be reached right now; the call may be retried later."""
+
+
+class Database:
+    """Claims, completions, releases and ticks. Every call is one statement in autocommit mode,
+    and any connection-level failure surfaces as DatabaseUnavailable."""
+
+    def __init__(self, conninfo: str, *, application_name: str, worker_id: str, lease_s: float,
+                 pool_size: int) -> None:
+        self._worker_id = worker_id
+        self._lease_s = lease_s
+        self._lease = timedelta(seconds=lease_s)
+        self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+            conninfo,
+            kwargs={"autocommit": True, "application_name": application_name},
+            min_size=pool_size,
+            max_size=pool_size,
+            open=False,
+            check=AsyncConnectionPool.check_connection,
+            name="pgdispatch",
+            reconnect_timeout=float("inf"),  # never give up: the listener waits for the database
+        )
+
+    async def open(self) -> None:
+        """Start the pool without waiting for it: calls wait for connections as they come up."""
+        await self.pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def _fetch(self, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        try:
+            async with self.pool.connection(timeout=CONNECTION_WAIT_S) as conn:
+                cursor = conn.cursor(row_factory=dict_row)
+                await cursor.execute(query, params)
+                return await cursor.fetchall()
+        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
+            raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
+
+    async def claim(self, max_runs: int) -> list[Run]:
+        """Claim up to max_runs pending runs for this worker."""
+        # The lease counts from the server's clock at claim time; counting it from just before
+        # the request makes the local deadline err on the early side.
+        deadline = time.monotonic() + self._lease_s
+        rows = await self._fetch(
+            "SELECT * FROM dispatch.claim_runs(%s, %s, %s)", (self._worker_id, max_runs, self._lease)
+        )
+        return [Run.from_row(row, lease_deadline=deadline) for row in rows]
+
+    async def complete(self, run: Run, outcome: Outcome) -> tuple[bool, bool]:
+        """Record an outcome; returns (recorded, advanced). recorded is False when this worker no
+        longer holds the run (its lease expired and another listener took it, or it was already
+        recorded by an earlier attempt whose answer was lost)."""
+        rows = await self._fetch(
+            "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s)",
+            (run.run_id, self._worker_id, outcome.status, outcome.error, outcome.http_status,
+             outcome.duration_ms),
+        )
+        return bool(rows[0]["recorded"]), bool(rows[0]["advanced"])
+
+    async def release(self, run_ids: list[int]) -> int:
+        """Hand claimed runs that were never invoked back to pending."""
+        rows = await self._fetch("SELECT dispatch.release_runs(%s, %s) AS n", (self._worker_id, run_ids))
+        return int(rows[0]["n"])
+
+    async def tick(self) -> int:
+        """Mark due runs (and expire leases); returns how many runs were marked."""
+        rows = await self._fetch("SELECT dispatch.tick() AS marked")
+        return int(rows[0]["marked"])
+
+    async def seconds_until_due(self) -> float | None:
+        """Seconds, by the database's clock, until the earliest next_run_at; None when none."""
+        rows = await self._fetch(
+            "SELECT extract(epoch FROM dispatch.next_due_at() - clock_timestamp())::float8 AS s"
+        )
+        seconds = rows[0]["s"]
+        return None if seconds is None else float(seconds)

@@ -1,0 +1,190 @@
+"""One HTTP POST per run, and the outcome it is recorded as.
+
+Outcome classification (what dispatch.complete_run records):
+
+==============================================  ======  =========================================
+response                                        status  error
+==============================================  ======  =========================================
+2xx (any body, including none or invalid JSON)  ok      —
+2xx with a JSON object whose "ok" is false      error   ``code: message`` from the body
+other status, JSON body with code / message     error   ``code: message``
+other status (3xx included: no redirects)       error   ``HTTP <status>: <first 200 chars of body>``
+no complete response within the timeout         error   ``timeout: no complete response within N s``
+connection refused, DNS, TLS                    error   ``connection failed: <reason>``
+connection reset or closed mid-response         error   ``connection lost: <reason>``
+==============================================  ======  =========================================
+
+A 2xx whose body is not JSON is ``ok``: the status is the function's answer, and only a
+well-formed JSON object can say otherwise. At most 64 KiB of a body is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC
+from urllib.parse import quote
+
+import aiohttp
+
+from dispatcher import __version__
+from dispatcher.runs import Outcome, Run
+from dispatcher.signing import SIGNATURE_HEADER, sign
+
+__all__ = ["MAX_BODY_BYTES", "Invoker", "Request", "build_request", "classify_response", "new_session"]
+
+MAX_BODY_BYTES = 64 * 1024
+EXCERPT_CHARS = 200
+USER_AGENT = f"pgdispatch/{__version__}"
+_SPACES = re.compile(r"\s+")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    url: str
+    body: bytes
+    headers: dict[str, str]
+
+
+def _iso(run: Run) -> str:
+    return run.scheduled_for.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def build_request(run: Run, *, url_template: str, secret: bytes | None, now: float | None = None) -> Request:
+    """The POST for `run`: URL from the template, JSON body, idempotency and signature headers."""
+    url = url_template.format(
+        project_id=quote(run.project_id, safe=""), function_name=quote(run.function_name, safe="")
+    )
+    payload = {
+        "args": run.args,
+        "invoker": {
+            "kind": "schedule",
+            "scheduleId": run.schedule_id,
+            "runId": run.run_id,
+            "scheduledFor": _iso(run),
+            "attempt": run.attempt,
+        },
+    }
+    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "X-Request-Id": run.request_id,
+        "Idempotency-Key": run.request_id,
+    }
+    if secret is not None:
+        headers[SIGNATURE_HEADER] = sign(secret, body, int(time.time() if now is None else now))
+    return Request(url, body, headers)
+
+
+def _excerpt(body: bytes) -> str:
+    return _SPACES.sub(" ", body.decode("utf-8", errors="replace")).strip()[:EXCERPT_CHARS]
+
+
+def _json_error(body: bytes) -> str | None:
+    """`code: message` when the body is a JSON object that carries them, else None."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    if isinstance(data.get("error"), dict) and "code" not in data and "message" not in data:
+        data = data["error"]
+    parts = [str(data[key]) for key in ("code", "message") if data.get(key) not in (None, "")]
+    return ": ".join(parts) or None
+
+
+def classify_response(status: int, body: bytes, *, truncated: bool = False) -> tuple[str, str | None]:
+    """(status, error) for an HTTP answer; see the module's table."""
+    if 200 <= status < 300:
+        if body[:1] == b"{" and not truncated:
+            try:
+                data = json.loads(body)
+            except ValueError:
+                return "ok", None
+            if isinstance(data, dict) and data.get("ok") is False:
+                return "error", _json_error(body) or f"HTTP {status}: the function answered ok: false"
+        return "ok", None
+    error = None if truncated else _json_error(body)
+    if error is None:
+        excerpt = _excerpt(body)
+        error = f"HTTP {status}: {excerpt}" if excerpt else f"HTTP {status} with an empty body"
+    return "error", error
+
+
+def new_session(*, concurrency: int) -> aiohttp.ClientSession:
+    """The one HTTP client of a listener: keep-alive connections, as many as invocations in flight."""
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, ttl_dns_cache=60)
+    return aiohttp.ClientSession(connector=connector, auto_decompress=True, raise_for_status=False)
+
+
+class Invoker:
+    """POSTs runs with a shared session and turns whatever happens into an Outcome; never raises
+    (except CancelledError)."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, *, url_template: str, timeout_s: float, secret: bytes | None
+    ) -> None:
+        self._session = session
+        self._url_template = url_template
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
+        self._secret = secret
+
+    async def invoke(self, run: Run) -> Outcome:
+        started = time.monotonic()
+        status, error, http_status = await self._call(run)
+        duration_ms = round((time.monotonic() - started) * 1000)
+        if error is not None and len(error) > 500:
+            error = error[:497] + "..."
+        return Outcome(status="ok" if status == "ok" else "error", error=error,
+                       http_status=http_status, duration_ms=duration_ms)
+
+    async def _call(self, run: Run) -> tuple[str, str | None, int | None]:
+        http_status: int | None = None
+        try:
+            request = build_request(run, url_template=self._url_template, secret=self._secret)
+            async with self._session.post(
+                request.url, data=request.body, headers=request.headers,
+                timeout=self._timeout, allow_redirects=False,
+            ) as response:
+                http_status = response.status
+                body, truncated = await _read_capped(response)
+            status, error = classify_response(http_status, body, truncated=truncated)
+            return status, error, http_status
+        except TimeoutError:
+            return "error", f"timeout: no complete response within {self._timeout_s:g} s", http_status
+        except aiohttp.ClientConnectorError as exc:
+            return "error", f"connection failed: {exc}", None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
+            return "error", f"connection lost: {_describe(exc)}", http_status
+        except aiohttp.ClientResponseError as exc:
+            return "error", f"invalid response: {exc.message or _describe(exc)}", http_status
+        except (aiohttp.ClientError, ValueError, OSError) as exc:
+            return "error", f"request failed: {_describe(exc)}", http_status
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a function must never crash the listener
+            return "error", f"request failed: {_describe(exc)}", http_status
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def _read_capped(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+    """At most MAX_BODY_BYTES of the body, and whether there was more."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return b"".join(chunks)[:MAX_BODY_BYTES], True
+    return b"".join(chunks), False
+

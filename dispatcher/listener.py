@@ -1,0 +1,384 @@
+"""The listener: wake on NOTIFY, on its own timer and on a sweep; claim; invoke; record.
+
+Tasks of one listener:
+
+- listen: one autocommit connection, outside the pool, doing LISTEN dispatch. A notification
+  wakes the claimer ("schedules" re-plans the clock instead). It reconnects with capped
+  exponential backoff and asks for a sweep after every (re)connect, since a NOTIFY sent while
+  it was away is gone.
+- clock: sleeps until the earliest next_run_at (dispatch.next_due_at(), by the database's
+  clock) and calls dispatch.tick() at that instant; every sweep interval it ticks and wakes the
+  claimer whatever happened.
+- claimer: claims as many runs as there are free invocation slots, again while batches come
+  back full, and queues them.
+- workers: `concurrency` coroutines that invoke queued runs and hand outcomes to the Completer.
+
+Shutdown (uvicorn-style: signal handlers only set events): the first SIGTERM/SIGINT stops
+claiming, hands claimed-but-unstarted runs back to pending, lets in-flight invocations finish
+within the grace period and records them; a second signal cancels what is left (their leases
+expire and they are retried with the same request id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+
+import psycopg
+
+from dispatcher import __version__
+from dispatcher.backoff import Backoff
+from dispatcher.completion import Completer
+from dispatcher.config import Settings
+from dispatcher.database import Database, DatabaseUnavailable
+from dispatcher.invoke import Invoker, new_session
+from dispatcher.runs import Run
+
+__all__ = ["Listener", "run_listener"]
+
+logger = logging.getLogger(__name__)
+
+CHANNEL = "dispatch"
+# A completion that advances a schedule may move the earliest next_run_at; re-read it at most
+# this often rather than once per completion.
+REPLAN_AFTER_COMPLETION_S = 0.05
+# When fewer slots than this share of the concurrency are free, wait this long for more to
+# free up, so that a busy listener claims in batches rather than one run per round trip.
+CLAIM_BATCH_SHARE = 0.25
+CLAIM_BATCH_WAIT_S = 0.005
+# How long shutdown waits for a claim in progress before cancelling it.
+CLAIM_STOP_WAIT_S = 5.0
+
+
+async def _wait(event: asyncio.Event, timeout_s: float | None) -> bool:
+    """Wait for `event` at most timeout_s; True if it was set."""
+    if event.is_set():
+        return True
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+class Listener:
+    """One listener process's worth of dispatching. `await run()` until `stop()` is called."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.ready = asyncio.Event()  # LISTEN is active and a sweep has run since (first time)
+        self._listening = False
+        self._stopping = asyncio.Event()
+        self._force = asyncio.Event()
+        self._wake = asyncio.Event()  # claim now
+        self._replan = asyncio.Event()  # re-read next_due_at (and sweep if one is requested)
+        self._sweep_requested = True
+        self._replan_scheduled = False
+        self._slot_freed = asyncio.Event()
+        self._busy = 0  # runs claimed and not finished: queued + in flight
+        self._queue: asyncio.Queue[Run | None] = asyncio.Queue()
+        self._held: list[Run] = []  # claimed while stopping: never started
+        self._db = Database(
+            settings.database_url,
+            application_name=settings.application_name,
+            worker_id=settings.worker_id,
+            lease_s=settings.lease_s,
+            pool_size=settings.pool_size,
+        )
+        self._completer = Completer(self._db, on_advanced=self._replan_soon)
+
+    # -- control ---------------------------------------------------------------------------
+
+    def stop(self, reason: str = "stop requested") -> None:
+        """First call: graceful shutdown. Second call: cancel what is still running."""
+        if not self._stopping.is_set():
+            logger.info("shutting down (%s)", reason,
+                        extra={"event": "shutdown_requested", "reason": reason,
+                               "grace_s": self.settings.grace_s})
+            self._stopping.set()
+            # Whatever waits for work wakes up and sees that it is stopping.
+            self._wake.set()
+            self._slot_freed.set()
+        elif not self._force.is_set():
+            logger.warning("shutting down now (%s): cancelling in-flight invocations", reason,
+                           extra={"event": "shutdown_forced", "reason": reason})
+            self._force.set()
+
+    def _replan_soon(self) -> None:
+        if not self._replan_scheduled:
+            self._replan_scheduled = True
+            asyncio.get_running_loop().call_later(REPLAN_AFTER_COMPLETION_S, self._replan_now)
+
+    def _replan_now(self) -> None:
+        self._replan_scheduled = False
+        self._replan.set()
+
+    def _request_sweep(self) -> None:
+        self._sweep_requested = True
+        self._replan.set()
+
+    # -- main ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        settings = self.settings
+        session = new_session(concurrency=settings.concurrency)
+        invoker = Invoker(session, url_template=settings.invoke_url, timeout_s=settings.timeout_s,
+                          secret=settings.signing_secret)
+        await self._db.open()
+        logger.info("pgdispatch %s listening as %s", __version__, settings.worker_id,
+                    extra={"event": "listener_started", "version": __version__, **settings.describe()})
+        workers = [
+            asyncio.create_task(self._worker(invoker), name=f"pgdispatch-worker-{i}")
+            for i in range(settings.concurrency)
+        ]
+        services = {
+            asyncio.create_task(self._listen_loop(), name="pgdispatch-listen"),
+            asyncio.create_task(self._clock_loop(), name="pgdispatch-clock"),
+        }
+        claimer = asyncio.create_task(self._claim_loop(), name="pgdispatch-claim")
+        stopping = asyncio.create_task(self._stopping.wait())
+        failure: BaseException | None = None
+        try:
+            done, _ = await asyncio.wait({stopping, claimer, *services}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {stopping}:
+                if task.exception() is None and self._stopping.is_set():
+                    continue  # the claimer saw the stop first
+                # Otherwise a task only ends by failing: shut down and report it.
+                failure = task.exception() or RuntimeError(f"{task.get_name()} stopped unexpectedly")
+                logger.error("%s failed: %r", task.get_name(), failure,
+                             extra={"event": "listener_failed", "task": task.get_name()}, exc_info=failure)
+                self.stop(f"{task.get_name()} failed")
+        finally:
+            stopping.cancel()
+            await self._shutdown(claimer, services, workers)
+            await session.close()
+            await self._db.close()
+        if failure is not None:
+            raise failure
+        logger.info("stopped", extra={"event": "listener_stopped"})
+
+    async def _shutdown(self, claimer: asyncio.Task[None], services: set[asyncio.Task[None]],
+                        workers: list[asyncio.Task[None]]) -> None:
+        started = time.monotonic()
+        for task in services:
+            task.cancel()
+        # A claim in progress is let finish: its runs are handed back below.
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(claimer), CLAIM_STOP_WAIT_S)
+        claimer.cancel()
+        await asyncio.gather(claimer, *services, return_exceptions=True)
+
+        unstarted = self._held
+        while not self._queue.empty():
+            run = self._queue.get_nowait()
+            if run is not None:
+                unstarted.append(run)
+        if unstarted:
+            self._busy -= len(unstarted)
+            try:
+                released = await self._db.release([run.run_id for run in unstarted])
+            except DatabaseUnavailable as exc:
+                logger.warning("could not hand back %d unstarted runs: their leases will expire",
+                               len(unstarted),
+                               extra={"event": "release_failed", "count": len(unstarted), "reason": str(exc)})
+            else:
+                logger.info("handed %d unstarted runs back to pending", released,
+                            extra={"event": "runs_released", "count": released})
+
+        for _ in workers:
+            self._queue.put_nowait(None)
+        in_flight = self._busy
+        if in_flight:
+            logger.info("waiting up to %g s for %d in-flight invocations", self.settings.grace_s, in_flight,
+                        extra={"event": "draining", "in_flight": in_flight, "grace_s": self.settings.grace_s})
+        remaining = max(0.0, self.settings.grace_s - (time.monotonic() - started))
+        drained = asyncio.create_task(self._all_done(workers))
+        forced = asyncio.create_task(self._forced())
+        await asyncio.wait([drained, forced], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        forced.cancel()
+        pending = [task for task in workers if not task.done()]
+        cancelled = self._busy
+        for task in pending:
+            task.cancel()
+        await drained
+        if pending:
+            logger.warning("cancelled %d in-flight invocations: they are retried when their lease expires",
+                           cancelled, extra={"event": "invocations_cancelled", "count": cancelled})
+
+        if self._completer.deferred and not self._force.is_set():
+            remaining = max(1.0, self.settings.grace_s - (time.monotonic() - started))
+            await self._completer.settle(remaining)
+        await self._completer.close()
+
+    @staticmethod
+    async def _all_done(tasks: list[asyncio.Task[None]]) -> None:
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _forced(self) -> None:
+        await self._force.wait()
+
+    # -- workers ---------------------------------------------------------------------------
+
+    async def _worker(self, invoker: Invoker) -> None:
+        while True:
+            run = await self._queue.get()
+            if run is None:
+                return
+            try:
+                outcome = await invoker.invoke(run)
+                await self._completer.complete(run, outcome)
+            except Exception:  # a bug must not take a worker away
+                logger.exception("run %s: unexpected error", run.run_id,
+                                 extra={"event": "worker_error", "run_id": run.run_id})
+            finally:
+                self._busy -= 1
+                self._slot_freed.set()
+
+    # -- claiming --------------------------------------------------------------------------
+
+    async def _free_slots(self) -> int:
+        """Wait for at least one free invocation slot (a few ms more when few are free); 0 when
+        stopping."""
+        concurrency = self.settings.concurrency
+        while self._busy >= concurrency and not self._stopping.is_set():
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
+        if self._stopping.is_set():
+            return 0
+        wanted = max(1, int(concurrency * CLAIM_BATCH_SHARE))
+        if concurrency - self._busy < wanted and self._busy:
+            deadline = time.monotonic() + CLAIM_BATCH_WAIT_S
+            while (concurrency - self._busy < wanted and not self._stopping.is_set()
+                   and (left := deadline - time.monotonic()) > 0):
+                self._slot_freed.clear()
+                await _wait(self._slot_freed, left)
+        return concurrency - self._busy
+
+    async def _claim_loop(self) -> None:
+        backoff = Backoff()
+        while True:
+            await self._wake.wait()
+            if self._stopping.is_set():
+                return
+            self._wake.clear()
+            while True:
+                free = await self._free_slots()
+                if not free:
+                    return
+                try:
+                    runs = await self._db.claim(free)
+                except DatabaseUnavailable as exc:
+                    delay = backoff.next_delay()
+                    logger.warning("claim failed, retrying in %.1f s", delay,
+                                   extra={"event": "claim_failed", "reason": str(exc), "retry_in_s": delay})
+                    await _wait(self._stopping, delay)
+                    self._wake.set()
+                    break
+                backoff.reset()
+                if runs and self._stopping.is_set():
+                    self._busy += len(runs)
+                    self._held.extend(runs)  # handed back by the shutdown
+                    return
+                if runs:
+                    self._busy += len(runs)
+                    for run in runs:
+                        self._queue.put_nowait(run)
+                    logger.info("claimed %d runs", len(runs),
+                                extra={"event": "runs_claimed", "count": len(runs)})
+                if len(runs) < free:
+                    break
+
+    # -- clock -----------------------------------------------------------------------------
+
+    async def _clock_loop(self) -> None:
+        interval = self.settings.sweep_interval_s
+        next_sweep = time.monotonic()
+        backoff = Backoff()
+        while True:
+            self._replan.clear()
+            if self._sweep_requested:
+                self._sweep_requested = False
+                next_sweep = time.monotonic()
+            try:
+                due_in = await self._db.seconds_until_due()
+            except DatabaseUnavailable:
+                due_in = None  # the sweep retries; the listen task reports the outage
+            now = time.monotonic()
+            wait = next_sweep - now if due_in is None else min(next_sweep - now, due_in + 0.001)
+            if wait > 0 and await _wait(self._replan, wait):
+                continue
+            sweep = time.monotonic() >= next_sweep
+            try:
+                marked = await self._db.tick()
+            except DatabaseUnavailable as exc:
+                delay = min(backoff.next_delay(), interval)
+                logger.warning("tick failed, retrying in %.1f s", delay,
+                               extra={"event": "tick_failed", "reason": str(exc), "retry_in_s": delay})
+                next_sweep = time.monotonic() + delay
+                continue
+            backoff.reset()
+            if marked:
+                logger.debug("tick marked %d runs", marked,
+                             extra={"event": "tick", "marked": marked, "sweep": sweep})
+            if marked or sweep:
+                self._wake.set()
+            if sweep:
+                next_sweep = time.monotonic() + interval
+                if self._listening:
+                    self.ready.set()
+
+    # -- LISTEN ----------------------------------------------------------------------------
+
+    async def _listen_loop(self) -> None:
+        settings = self.settings
+        backoff = Backoff()
+        lost = False
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    settings.listen_database_url, autocommit=True, application_name=settings.application_name
+                )
+                async with conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    if lost:
+                        logger.info("database connection is back", extra={"event": "database_reconnected",
+                                                                        "attempts": backoff.failures})
+                    lost = False
+                    backoff.reset()
+                    logger.info("listening on channel %s", CHANNEL,
+                                extra={"event": "listening", "channel": CHANNEL})
+                    self._listening = True
+                    self._request_sweep()
+                    async for notify in conn.notifies():
+                        if notify.payload == "schedules":
+                            self._replan.set()
+                        else:
+                            self._wake.set()
+            except psycopg.OperationalError as exc:
+                self._listening = False
+                if not lost:
+                    logger.warning("lost the LISTEN connection: %s", str(exc).strip(),
+                                   extra={"event": "database_connection_lost", "reason": str(exc).strip()})
+                lost = True
+                delay = backoff.next_delay()
+                logger.warning("reconnecting in %.1f s", delay,
+                               extra={"event": "database_reconnecting", "attempt": backoff.failures,
+                                      "retry_in_s": round(delay, 3), "reason": str(exc).strip()})
+                await asyncio.sleep(delay)
+
+
+async def run_listener(settings: Settings) -> None:
+    """Run a Listener until SIGTERM/SIGINT (twice to cancel what is in flight)."""
+    listener = Listener(settings)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, listener.stop, signal.Signals(signum).name)
+    try:
+        await listener.run()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)

@@ -1,0 +1,50 @@
+"""What the listener holds about a run: the claimed row and the outcome of invoking it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+__all__ = ["Outcome", "Run"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    """A row returned by dispatch.claim_runs, plus when its lease ends on this listener's clock."""
+
+    run_id: int
+    schedule_id: str
+    project_id: str
+    function_name: str
+    args: Any
+    request_id: str
+    scheduled_for: datetime
+    attempt: int
+    lease_until: datetime
+    lease_deadline: float  # time.monotonic() at which the lease is gone for sure
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any], *, lease_deadline: float) -> Run:
+        return cls(
+            run_id=row["run_id"],
+            schedule_id=str(row["schedule_id"]),
+            project_id=row["project_id"],
+            function_name=row["function_name"],
+            args=row["args"],
+            request_id=row["request_id"],
+            scheduled_for=row["scheduled_for"],
+            attempt=row["attempt"],
+            lease_until=row["lease_until"],
+            lease_deadline=lease_deadline,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """How an invocation ended, as dispatch.complete_run records it."""
+
+    status: Literal["ok", "error"]
+    error: str | None = None
+    http_status: int | None = None
+    duration_ms: int = 0

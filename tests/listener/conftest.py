@@ -1,0 +1,74 @@
+"""Fixtures of the listener tests: a function sink, async sessions, in-process listeners."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+import psycopg.conninfo
+import pytest
+from aiohttp import web
+
+from dispatcher.config import Settings
+from dispatcher.listener import Listener
+
+from .kit import Running, Sink
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[Sink]:
+    sink = Sink()
+    app = web.Application()
+    app.router.add_post("/projects/{project_id}/functions/{function_name}", sink.handle)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    sink.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    yield sink
+    await runner.cleanup()
+
+
+@pytest.fixture
+def dsn(db: psycopg.Connection) -> str:
+    return psycopg.conninfo.make_conninfo(**db.info.get_parameters())
+
+
+@pytest.fixture
+async def adb(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """An async autocommit session for polling while in-process listeners run."""
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+async def start_listener(dsn: str, sink: Sink) -> AsyncIterator[Callable[..., Awaitable[Running]]]:
+    """Start an in-process listener (settings overridable) and wait until it is ready."""
+    running: list[Running] = []
+
+    async def _start(**overrides: Any) -> Running:
+        settings = Settings(database_url=dsn, invoke_url=sink.template, worker_id=f"test-{len(running) + 1}",
+                            sweep_interval_s=60)
+        listener = Listener(replace(settings, **overrides))
+        task = asyncio.create_task(listener.run())
+        running.append(Running(listener, task))
+        ready = asyncio.create_task(listener.ready.wait())
+        await asyncio.wait({ready, task}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel()
+        if task.done():
+            task.result()
+        assert listener.ready.is_set(), "listener not ready within 10 s"
+        return running[-1]
+
+    yield _start
+    for item in running:
+        if not item.task.done():
+            item.listener.stop("test teardown")
+            item.listener.stop("test teardown")
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(item.task, 30)

@@ -1,0 +1,190 @@
+"""Dispatching against a real database and a real HTTP sink, listeners in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+from aiohttp import web
+
+from .kit import Call, Running, Sink, add_schedules, mark_all_due, scalar, until
+
+StartListener = Callable[..., Awaitable[Running]]
+
+
+async def test_500_due_slots_are_each_invoked_once_and_recorded(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener
+) -> None:
+    add_schedules(db, 500)
+    await start_listener()
+    assert mark_all_due(db) == 500
+
+    await until(lambda: scalar(adb, "SELECT count(*) = 500 FROM dispatch.runs WHERE status = 'ok'"),
+                within=30, what="500 runs recorded ok")
+
+    runs = db.execute("SELECT request_id, id, schedule_id::text, attempt FROM dispatch.runs").fetchall()
+    assert len(runs) == 500
+    assert sink.by_request_id() == {request_id: 1 for request_id, *_ in runs}
+    by_request = {request_id: rest for request_id, *rest in runs}
+    for call in sink.calls:
+        run_id, schedule_id, attempt = by_request[call.headers["X-Request-Id"]]
+        assert call.headers["Idempotency-Key"] == call.headers["X-Request-Id"]
+        invoker = call.json["invoker"]
+        assert (invoker["kind"], invoker["runId"], invoker["scheduleId"], invoker["attempt"]) == (
+            "schedule", run_id, schedule_id, attempt)
+        assert call.project_id == "acme" and call.function_name == "fn"
+    audit = db.execute(
+        "SELECT count(*), count(DISTINCT metadata->>'requestId') FROM dispatch.audit_log"
+        " WHERE action = 'schedule.run.ok'"
+    ).fetchone()
+    assert audit == (500, 500)
+    not_advanced = db.execute(
+        "SELECT count(*) FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id"
+        " WHERE NOT s.next_run_at > r.scheduled_for OR s.last_status IS DISTINCT FROM 'ok'"
+    ).fetchone()
+    assert not_advanced == (0,)
+
+
+async def test_three_listeners_share_2000_slots_without_duplicates(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener
+) -> None:
+    add_schedules(db, 2000)
+    for _ in range(3):
+        await start_listener()
+    assert mark_all_due(db) == 2000
+
+    await until(lambda: scalar(adb, "SELECT count(*) = 2000 FROM dispatch.runs WHERE status = 'ok'"),
+                within=60, what="2000 runs recorded ok")
+    request_ids = {row[0] for row in db.execute("SELECT request_id FROM dispatch.runs")}
+    assert len(sink.calls) == 2000
+    assert sink.by_request_id() == dict.fromkeys(request_ids, 1)
+    workers = dict(db.execute("SELECT worker, count(*) FROM dispatch.runs GROUP BY worker").fetchall())
+    assert set(workers) <= {"test-1", "test-2", "test-3"}
+    assert db.execute("SELECT max(attempt) FROM dispatch.runs").fetchone() == (1,)
+
+
+async def test_notify_wakes_the_listener_within_a_second(
+    db: psycopg.Connection, sink: Sink, start_listener: StartListener
+) -> None:
+    add_schedules(db, 1)
+    await start_listener(sweep_interval_s=60)  # the sweep cannot be what picks it up
+
+    started = time.monotonic()
+    assert mark_all_due(db) == 1
+    await until(lambda: sink.calls, within=5, what="the invocation")
+    assert sink.calls[0].arrived_mono - started < 1.0
+
+
+async def test_timer_ticks_at_the_due_instant_without_pg_cron(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener
+) -> None:
+    add_schedules(db, 1, function_name="soon")
+    await start_listener(sweep_interval_s=60)
+    # pg_cron does not tick this database (it lives in `postgres`), and nothing here calls tick:
+    # move the slot 2 s ahead the way a definition change would, with the schedules NOTIFY.
+    with db.transaction():
+        due = db.execute(
+            "UPDATE dispatch.schedules SET next_run_at = date_trunc('milliseconds', now()) + interval '2 s'"
+            " RETURNING extract(epoch FROM next_run_at)::float8"
+        ).fetchone()
+        db.execute("SELECT pg_notify('dispatch', 'schedules')")
+    assert due is not None
+
+    await until(lambda: sink.calls, within=5, what="the invocation")
+    late = sink.calls[0].arrived_wall - due[0]
+    assert 0 <= late < 0.3, f"invoked {late * 1000:.0f} ms after its instant"
+    await until(lambda: scalar(adb, "SELECT count(*) FROM dispatch.runs WHERE status = 'ok'"),
+                what="the run recorded")
+
+
+async def test_outcomes_are_recorded_with_their_error(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener
+) -> None:
+    async def fails(request: web.Request, call: Call) -> web.StreamResponse:
+        return web.json_response({"ok": False, "code": "quota", "message": "monthly quota used up"},
+                                 status=500)
+
+    async def html_404(request: web.Request, call: Call) -> web.StreamResponse:
+        return web.Response(status=404, text="<html><body><h1>Not   Found</h1></body></html>",
+                            content_type="text/html")
+
+    sink.handlers.update({"fails": fails, "missing": html_404})
+    add_schedules(db, 1, function_name="fails")
+    add_schedules(db, 1, function_name="missing")
+    add_schedules(db, 1, function_name="fine")
+    await start_listener()
+    mark_all_due(db)
+
+    await until(lambda: scalar(adb, "SELECT count(*) = 3 FROM dispatch.runs WHERE finished_at IS NOT NULL"),
+                what="3 runs recorded")
+    rows = db.execute(
+        "SELECT s.function_name, r.status, r.error, r.http_status, s.last_status,"
+        " s.next_run_at > r.scheduled_for"
+        " FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id ORDER BY 1"
+    ).fetchall()
+    assert rows == [
+        ("fails", "error", "quota: monthly quota used up", 500, "error", True),
+        ("fine", "ok", None, 200, "ok", True),
+        ("missing", "error", "HTTP 404: <html><body><h1>Not Found</h1></body></html>", 404, "error", True),
+    ]
+    audit = db.execute(
+        "SELECT metadata->>'functionName', metadata->>'error' FROM dispatch.audit_log"
+        " WHERE action = 'schedule.run.error' ORDER BY 1"
+    ).fetchall()
+    assert audit == [("fails", "quota: monthly quota used up"),
+                     ("missing", "HTTP 404: <html><body><h1>Not Found</h1></body></html>")]
+
+
+async def test_a_claim_in_progress_at_shutdown_is_handed_back_unstarted(
+    db: psycopg.Connection, connect: Callable[..., psycopg.Connection], adb: psycopg.AsyncConnection[Any],
+    sink: Sink, start_listener: StartListener,
+) -> None:
+    add_schedules(db, 3)
+    mark_all_due(db)
+    running = await start_listener(sweep_interval_s=60)
+    blocker = connect(autocommit=False)
+    blocker.execute("LOCK TABLE dispatch.runs IN SHARE MODE")  # claim_runs must wait behind this
+    db.execute("NOTIFY dispatch")
+    await until(lambda: scalar(adb, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                    " AND query LIKE '%%claim_runs%%'"), what="the claim to wait on the lock")
+
+    running.listener.stop("test")
+    blocker.commit()  # the claim now returns three runs to a listener that is stopping
+    await asyncio.wait_for(running.task, 10)
+
+    assert sink.calls == []
+    rows = db.execute("SELECT status, attempt, worker FROM dispatch.runs").fetchall()
+    assert rows == [("pending", 0, None)] * 3
+
+
+async def test_reconnects_after_pg_terminate_backend_and_sweeps(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener,
+    caplog: Any,
+) -> None:
+    caplog.set_level(logging.INFO)
+    add_schedules(db, 5)
+    await start_listener(worker_id="doomed", sweep_interval_s=60)
+    apps = lambda: db.execute(  # noqa: E731
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgdispatch doomed'").fetchone()
+    await until(lambda: apps() == (5,), what="LISTEN and a pool of 4 connected")
+
+    terminated = db.execute(
+        "WITH doomed AS MATERIALIZED ("
+        "  SELECT pid FROM pg_stat_activity WHERE application_name = 'pgdispatch doomed')"
+        " SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM doomed"
+    ).fetchone()
+    assert terminated == (5,)
+    # Marked while the listener is away: the NOTIFY reaches nobody, only the sweep after the
+    # reconnect can find these runs (the periodic sweep is a minute away).
+    assert mark_all_due(db) == 5
+
+    await until(lambda: scalar(adb, "SELECT count(*) = 5 FROM dispatch.runs WHERE status = 'ok'"),
+                within=15, what="runs marked during the outage to be dispatched")
+    assert sink.by_request_id() == {row[0]: 1 for row in db.execute("SELECT request_id FROM dispatch.runs")}
+    events = [getattr(record, "event", None) for record in caplog.records]
+    assert "database_reconnecting" in events and "database_reconnected" in events
+    await until(lambda: apps() == (5,), what="the pool to reconnect")
