@@ -107,7 +107,8 @@ class Settings:
             try:
                 psycopg.conninfo.conninfo_to_dict(value)
             except psycopg.ProgrammingError as exc:
-                raise _invalid(name, f"is not a libpq connection string or URL ({exc})") from None
+                why = " ".join(str(exc).split())
+                raise _invalid(name, f"is not a libpq connection string or URL ({why})") from None
         _check_template(self.invoke_url)
         if self.concurrency < 1:
             raise _invalid("concurrency", f"must be at least 1, not {self.concurrency}")

@@ -26,7 +26,7 @@ async def sink() -> AsyncIterator[Sink]:
     app.router.add_post("/projects/{project_id}/functions/{function_name}", sink.handle)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
     await site.start()
     sink.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     yield sink

@@ -1,0 +1,93 @@
+"""The real `pgdispatch listen` process: signals, exit codes, logs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from typing import Any
+
+import psycopg
+import psycopg.conninfo
+from aiohttp import web
+
+from .kit import Call, ListenerProcess, Sink, add_schedules, mark_all_due, until
+
+SECRET = "do-not-log-this-secret"  # noqa: S105
+PASSWORD = "do-not-log-this-password"  # noqa: S105
+
+
+def _args(dsn: str, sink: Sink, **extra: str) -> list[str]:
+    # A password the test server ignores (trust auth) but a log could leak.
+    url = psycopg.conninfo.make_conninfo(dsn, password=PASSWORD)
+    args = ["--database-url", url, "--invoke-url", sink.template, "--sweep-interval", "60",
+            "--worker-id", "proc"]
+    for flag, value in extra.items():
+        args += [f"--{flag.replace('_', '-')}", value]
+    return args
+
+
+def _hold(sink: Sink, release: asyncio.Event) -> None:
+    async def held(request: web.Request, call: Call) -> web.StreamResponse:
+        await release.wait()
+        return web.json_response({"ok": True})
+
+    sink.handlers["fn"] = held
+
+
+async def test_sigterm_finishes_in_flight_and_exits_0(db: psycopg.Connection, dsn: str, sink: Sink) -> None:
+    release = asyncio.Event()
+    _hold(sink, release)
+    add_schedules(db, 5)
+    proc = await ListenerProcess.start(*_args(dsn, sink, concurrency="2", grace_period="20"),
+                                       env={"PGDISPATCH_SIGNING_SECRET": SECRET})
+    try:
+        await proc.wait_event("listening")
+        mark_all_due(db)
+        await until(lambda: len(sink.calls) == 2, what="two invocations in flight")
+
+        proc.signal(signal.SIGTERM)
+        await proc.wait_event("draining")
+        release.set()
+        assert await proc.wait() == 0
+    finally:
+        await proc.kill()
+
+    rows = db.execute("SELECT status, count(*), max(attempt), count(worker) FROM dispatch.runs"
+                      " GROUP BY status ORDER BY status").fetchall()
+    assert rows == [("ok", 2, 1, 2), ("pending", 3, 0, 0)]
+    assert len(sink.calls) == 2
+    events = [entry["event"] for entry in proc.logs]
+    assert events[0] == "listener_started"
+    assert {"shutdown_requested", "draining", "run_finished", "listener_stopped"} <= set(events)
+    finished = proc.events("run_finished")
+    assert {(entry["status"], entry["http_status"]) for entry in finished} == {("ok", 200)}
+    assert all(isinstance(entry["duration_ms"], int) for entry in finished)
+    # Every line is one JSON object; neither the secret nor the password is anywhere.
+    assert len(proc.logs) == len(proc.raw)
+    text = "".join(proc.raw)
+    assert SECRET not in text and PASSWORD not in text
+    assert json.loads(proc.raw[0])["signing"] is True
+
+
+async def test_second_signal_cancels_what_is_in_flight(db: psycopg.Connection, dsn: str, sink: Sink) -> None:
+    release = asyncio.Event()
+    _hold(sink, release)
+    add_schedules(db, 2)
+    proc = await ListenerProcess.start(*_args(dsn, sink, grace_period="60"))
+    try:
+        await proc.wait_event("listening")
+        mark_all_due(db)
+        await until(lambda: len(sink.calls) == 2, what="two invocations in flight")
+        proc.signal(signal.SIGINT)
+        await proc.wait_event("draining")
+        proc.signal(signal.SIGINT)
+        assert await proc.wait(within=10) == 0
+    finally:
+        release.set()
+        await proc.kill()
+    cancelled = proc.events("invocations_cancelled")
+    assert cancelled and cancelled[0]["count"] == 2
+    # Left running under this worker: their leases expire and they are retried, same request id.
+    rows: list[Any] = db.execute("SELECT status, worker FROM dispatch.runs").fetchall()
+    assert rows == [("running", "proc")] * 2
