@@ -22,6 +22,12 @@ SET client_min_messages = warning;
 \set version 4
 \set name 0004_pg_cron
 \ir apply_migration.psql
+\set version 5
+\set name 0005_retention
+\ir apply_migration.psql
+\set version 6
+\set name 0006_views
+\ir apply_migration.psql
 
 SELECT dispatch.register_cron_job() AS cron_status \gset
 \echo :cron_status

@@ -1,5 +1,5 @@
--- Register the dispatch-tick job when pg_cron lives in another database than dispatch.
--- Run it in pg_cron's database (cron.database_name), naming the dispatch database:
+-- Register the dispatch-tick and dispatch-prune jobs when pg_cron lives in another database
+-- than dispatch. Run it in pg_cron's database (cron.database_name), naming the dispatch one:
 --
 --   psql -v ON_ERROR_STOP=1 -d postgres -v dispatch_db=app -f sql/pg_cron.sql
 --
@@ -10,9 +10,10 @@
 DO $$ BEGIN RAISE EXCEPTION 'sql/pg_cron.sql: name the dispatch database with -v dispatch_db=NAME'; END $$;
 \endif
 
-SELECT cron.schedule_in_database('dispatch-tick', '* * * * *', 'SELECT dispatch.tick()', :'dispatch_db') AS jobid
+SELECT cron.schedule_in_database('dispatch-tick', '* * * * *', 'SELECT dispatch.tick()', :'dispatch_db') AS tick_job,
+       cron.schedule_in_database('dispatch-prune', '*/10 * * * *', 'CALL dispatch.prune()', :'dispatch_db') AS prune_job
 \gset
-SELECT format('pg_cron job dispatch-tick (id %s) registered in database %s for database %s',
-              :jobid, current_database(), :'dispatch_db') AS done
+SELECT format('pg_cron jobs dispatch-tick (id %s) and dispatch-prune (id %s) registered in database %s for database %s',
+              :tick_job, :prune_job, current_database(), :'dispatch_db') AS done
 \gset
 \echo :done

@@ -975,6 +975,51 @@ COMMENT ON FUNCTION dispatch.next_due_at() IS 'The earliest future next_run_at o
 
 
 --
+-- Name: prune(bigint, bigint); Type: PROCEDURE; Schema: dispatch; Owner: -
+--
+
+CREATE PROCEDURE dispatch.prune(INOUT runs_deleted bigint DEFAULT 0, INOUT audit_deleted bigint DEFAULT 0)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    cfg dispatch.settings;
+    n bigint;
+BEGIN
+    SELECT * INTO STRICT cfg FROM dispatch.settings;
+    LOOP
+        -- finished_at >= created_at, so the BRIN bound only narrows the scan
+        DELETE FROM dispatch.runs
+        WHERE id IN (SELECT id FROM dispatch.runs
+                     WHERE created_at < now() - cfg.runs_retention
+                       AND finished_at < now() - cfg.runs_retention
+                     LIMIT cfg.prune_batch_size);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        runs_deleted := runs_deleted + n;
+        COMMIT;  -- small transactions: no long lock or bloat wave
+        EXIT WHEN n < cfg.prune_batch_size;
+    END LOOP;
+    LOOP
+        DELETE FROM dispatch.audit_log
+        WHERE id IN (SELECT id FROM dispatch.audit_log
+                     WHERE at < now() - cfg.audit_retention
+                     LIMIT cfg.prune_batch_size);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        audit_deleted := audit_deleted + n;
+        COMMIT;
+        EXIT WHEN n < cfg.prune_batch_size;
+    END LOOP;
+END
+$$;
+
+
+--
+-- Name: PROCEDURE prune(INOUT runs_deleted bigint, INOUT audit_deleted bigint); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON PROCEDURE dispatch.prune(INOUT runs_deleted bigint, INOUT audit_deleted bigint) IS 'Delete finished runs and audit rows older than dispatch.settings'' retention, prune_batch_size rows per transaction; pending and running runs are kept. Run every 10 minutes by the pg_cron job dispatch-prune. Returns how many rows it deleted.';
+
+
+--
 -- Name: refresh_timezones(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -1018,18 +1063,20 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
         -- cron.schedule updates a job of the same name, so this is idempotent.
         EXECUTE $sql$SELECT cron.schedule('dispatch-tick', '* * * * *', 'SELECT dispatch.tick()')$sql$;
-        msg := format('pg_cron job dispatch-tick registered in database %s: SELECT dispatch.tick() every minute',
-                      current_database());
+        EXECUTE $sql$SELECT cron.schedule('dispatch-prune', '*/10 * * * *', 'CALL dispatch.prune()')$sql$;
+        msg := format('pg_cron jobs dispatch-tick (SELECT dispatch.tick() every minute) and dispatch-prune '
+                      '(CALL dispatch.prune() every 10 minutes) registered in database %s', current_database());
     ELSIF cron_db = current_database() THEN
         msg := format('pg_cron is loaded for this database (%s) but the extension is not created: '
                       'as a superuser run CREATE EXTENSION pg_cron, then install again', cron_db);
     ELSIF cron_db IS NOT NULL THEN
-        msg := format('pg_cron lives in database %s: register the tick there with '
+        msg := format('pg_cron lives in database %s: register the jobs there with '
                       'psql -d %s -v dispatch_db=%s -f sql/pg_cron.sql', cron_db, cron_db, current_database());
     ELSE
-        msg := 'pg_cron is not loaded (shared_preload_libraries): nothing calls dispatch.tick() every minute. '
-               'Listeners still tick on their own timers; to add the safety net install postgresql-15-cron, '
-               'add pg_cron to shared_preload_libraries, restart, and install again.';
+        msg := 'pg_cron is not loaded (shared_preload_libraries): nothing calls dispatch.tick() every minute '
+               'nor prunes old runs. Listeners still tick on their own timers; to add the safety net install '
+               'postgresql-15-cron, add pg_cron to shared_preload_libraries, restart, and install again '
+               '(or CALL dispatch.prune() from another scheduler).';
     END IF;
     RAISE NOTICE '%', msg;
     RETURN msg;
@@ -1041,7 +1088,7 @@ $_$;
 -- Name: FUNCTION register_cron_job(); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.register_cron_job() IS 'Register (or update) the pg_cron job dispatch-tick when pg_cron is installed in this database; otherwise say what to do. Returns what it did.';
+COMMENT ON FUNCTION dispatch.register_cron_job() IS 'Register (or update) the pg_cron jobs dispatch-tick and dispatch-prune when pg_cron is installed in this database; otherwise say what to do. Returns what it did.';
 
 
 --
@@ -1162,6 +1209,30 @@ ALTER TABLE dispatch.audit_log ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY 
 
 
 --
+-- Name: listeners; Type: VIEW; Schema: dispatch; Owner: -
+--
+
+CREATE VIEW dispatch.listeners AS
+ SELECT a.pid,
+    a.application_name,
+    NULLIF(substr(a.application_name, (length('pgdispatch '::text) + 1)), ''::text) AS worker,
+    a.client_addr,
+    a.backend_start,
+    a.state,
+    a.state_change,
+    (a.query ~~ 'LISTEN%'::text) AS listening
+   FROM pg_stat_activity a
+  WHERE ((a.datname = current_database()) AND (a.application_name ~~ 'pgdispatch%'::text));
+
+
+--
+-- Name: VIEW listeners; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON VIEW dispatch.listeners IS 'Listener connections to this database, found by application_name ''pgdispatch <worker id>''; listening marks each one''s LISTEN session.';
+
+
+--
 -- Name: migrations; Type: TABLE; Schema: dispatch; Owner: -
 --
 
@@ -1177,20 +1248,6 @@ CREATE TABLE dispatch.migrations (
 --
 
 COMMENT ON TABLE dispatch.migrations IS 'Applied migrations (sql/migrations/NNNN_name.sql). Each is recorded in the transaction that applies it, first, so that a concurrent or repeated install fails before changing anything.';
-
-
---
--- Name: runs_id_seq; Type: SEQUENCE; Schema: dispatch; Owner: -
---
-
-ALTER TABLE dispatch.runs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME dispatch.runs_id_seq
-    START WITH 1
-    INCREMENT BY 1
-    NO MINVALUE
-    NO MAXVALUE
-    CACHE 1
-);
 
 
 --
@@ -1300,6 +1357,133 @@ COMMENT ON COLUMN dispatch.schedules.updated_at IS 'Last change to the definitio
 
 
 --
+-- Name: recent_failures; Type: VIEW; Schema: dispatch; Owner: -
+--
+
+CREATE VIEW dispatch.recent_failures AS
+ SELECT r.finished_at,
+    s.project_id,
+    s.function_name,
+    r.schedule_id,
+    r.id AS run_id,
+    r.scheduled_for,
+    r.status,
+    r.attempt,
+    r.http_status,
+    r.error,
+    r.request_id
+   FROM (dispatch.runs r
+     JOIN dispatch.schedules s ON ((s.id = r.schedule_id)))
+  WHERE ((r.status = ANY (ARRAY['error'::text, 'lost'::text])) AND (r.finished_at > (now() - '24:00:00'::interval)))
+  ORDER BY r.finished_at DESC;
+
+
+--
+-- Name: VIEW recent_failures; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON VIEW dispatch.recent_failures IS 'Runs that ended error or lost in the last 24 hours, newest first.';
+
+
+--
+-- Name: runs_id_seq; Type: SEQUENCE; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE dispatch.runs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME dispatch.runs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: schedule_status; Type: VIEW; Schema: dispatch; Owner: -
+--
+
+CREATE VIEW dispatch.schedule_status AS
+ SELECT s.id,
+    s.project_id,
+    s.function_name,
+    s.cron_expression,
+    s.timezone,
+    (s.enabled AND (s.deleted_at IS NULL)) AS live,
+    s.next_run_at,
+    s.last_run_at,
+    s.last_status,
+    s.last_error,
+    open.status AS current_run_status,
+    COALESCE(fails.n, (0)::bigint) AS consecutive_failures,
+        CASE
+            WHEN (s.next_run_at < now()) THEN (now() - s.next_run_at)
+            ELSE NULL::interval
+        END AS overdue_by
+   FROM ((dispatch.schedules s
+     LEFT JOIN LATERAL ( SELECT r.status
+           FROM dispatch.runs r
+          WHERE ((r.schedule_id = s.id) AND (r.status = ANY (ARRAY['pending'::text, 'running'::text])))) open ON (true))
+     LEFT JOIN LATERAL ( SELECT count(*) AS n
+           FROM dispatch.runs r
+          WHERE ((r.schedule_id = s.id) AND (r.status = ANY (ARRAY['error'::text, 'lost'::text])) AND (r.scheduled_for > COALESCE(( SELECT max(ok.scheduled_for) AS max
+                   FROM dispatch.runs ok
+                  WHERE ((ok.schedule_id = s.id) AND (ok.status = 'ok'::text))), '-infinity'::timestamp with time zone)))) fails ON (true))
+  WHERE (s.deleted_at IS NULL);
+
+
+--
+-- Name: VIEW schedule_status; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON VIEW dispatch.schedule_status IS 'One row per schedule that is not deleted: next and last run, the run in flight if any, failures since the last ok run, and how long it is overdue (next_run_at in the past: due, and late if more than a minute or so).';
+
+
+--
+-- Name: settings; Type: TABLE; Schema: dispatch; Owner: -
+--
+
+CREATE TABLE dispatch.settings (
+    singleton boolean DEFAULT true NOT NULL,
+    runs_retention interval DEFAULT '14 days'::interval NOT NULL,
+    audit_retention interval DEFAULT '90 days'::interval NOT NULL,
+    prune_batch_size integer DEFAULT 5000 NOT NULL,
+    CONSTRAINT settings_audit_retention_check CHECK ((audit_retention >= '01:00:00'::interval)),
+    CONSTRAINT settings_prune_batch_size_check CHECK (((prune_batch_size >= 100) AND (prune_batch_size <= 1000000))),
+    CONSTRAINT settings_runs_retention_check CHECK ((runs_retention >= '01:00:00'::interval)),
+    CONSTRAINT settings_singleton_check CHECK (singleton)
+);
+
+
+--
+-- Name: TABLE settings; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.settings IS 'One row of settings, changed with one statement, e.g. UPDATE dispatch.settings SET runs_retention = ''30 days''.';
+
+
+--
+-- Name: COLUMN settings.runs_retention; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.settings.runs_retention IS 'Finished runs older than this (by finished_at) are pruned.';
+
+
+--
+-- Name: COLUMN settings.audit_retention; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.settings.audit_retention IS 'Audit rows older than this (by at) are pruned.';
+
+
+--
+-- Name: COLUMN settings.prune_batch_size; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.settings.prune_batch_size IS 'Rows deleted per transaction by dispatch.prune.';
+
+
+--
 -- Name: timezones; Type: TABLE; Schema: dispatch; Owner: -
 --
 
@@ -1364,6 +1548,14 @@ ALTER TABLE ONLY dispatch.schedules
 
 
 --
+-- Name: settings settings_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.settings
+    ADD CONSTRAINT settings_pkey PRIMARY KEY (singleton);
+
+
+--
 -- Name: timezones timezones_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
 --
 
@@ -1383,6 +1575,13 @@ CREATE INDEX audit_log_at_idx ON dispatch.audit_log USING btree (at);
 --
 
 CREATE INDEX audit_log_project_id_at_idx ON dispatch.audit_log USING btree (project_id, at);
+
+
+--
+-- Name: runs_created_at_brin_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX runs_created_at_brin_idx ON dispatch.runs USING brin (created_at);
 
 
 --

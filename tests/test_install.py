@@ -66,7 +66,7 @@ def test_install_twice_changes_nothing(empty_db: str) -> None:
 def test_install_says_where_pg_cron_is(empty_db: str) -> None:
     out = psql(empty_db, "-f", str(ROOT / "sql" / "install.sql")).stdout
     # The test cluster runs pg_cron in database postgres, not in this one.
-    assert "pg_cron lives in database postgres: register the tick there with" in out
+    assert "pg_cron lives in database postgres: register the jobs there with" in out
     assert f"psql -d postgres -v dispatch_db={empty_db} -f sql/pg_cron.sql" in out
 
 

@@ -14,22 +14,29 @@ from tests.conftest import ROOT, psql
 
 @pytest.fixture
 def cron_db(db: psycopg.Connection) -> Iterator[psycopg.Connection]:
-    """A session in pg_cron's database; the dispatch-tick job is removed afterwards."""
+    """A session in pg_cron's database; the dispatch jobs are removed afterwards."""
     params = db.info.get_parameters() | {"dbname": "postgres"}
     with psycopg.connect(**params, autocommit=True) as conn:
         yield conn
-        conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname = 'dispatch-tick'")
+        conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname LIKE 'dispatch-%'")
 
 
 def test_install_in_pg_crons_database_registers_the_job(cron_db: psycopg.Connection) -> None:
     try:
         for _ in range(2):  # idempotent: one job however often it runs
             out = psql("postgres", "-f", str(ROOT / "sql" / "install.sql")).stdout
-            assert "pg_cron job dispatch-tick registered in database postgres" in out
+            assert (
+                "pg_cron jobs dispatch-tick (SELECT dispatch.tick() every minute) and dispatch-prune" in out
+            )
+            assert "registered in database postgres" in out
         jobs = cron_db.execute(
-            "SELECT schedule, command, database FROM cron.job WHERE jobname = 'dispatch-tick'"
+            "SELECT jobname, schedule, command, database FROM cron.job"
+            " WHERE jobname LIKE 'dispatch-%' ORDER BY 1"
         ).fetchall()
-        assert jobs == [("* * * * *", "SELECT dispatch.tick()", "postgres")]
+        assert jobs == [
+            ("dispatch-prune", "*/10 * * * *", "CALL dispatch.prune()", "postgres"),
+            ("dispatch-tick", "* * * * *", "SELECT dispatch.tick()", "postgres"),
+        ]
     finally:
         cron_db.execute("DROP SCHEMA IF EXISTS dispatch CASCADE")
 
@@ -41,8 +48,16 @@ def test_pg_cron_ticks_another_database(db: psycopg.Connection, cron_db: psycopg
         out = psql("postgres", "-v", f"dispatch_db={dbname}", "-f", str(ROOT / "sql" / "pg_cron.sql"))
         assert f"registered in database postgres for database {dbname}" in out.stdout
     assert cron_db.execute(
-        "SELECT schedule, command, database FROM cron.job WHERE jobname = 'dispatch-tick'"
-    ).fetchall() == [("* * * * *", "SELECT dispatch.tick()", dbname)]
+        "SELECT jobname, schedule, command, database FROM cron.job WHERE jobname LIKE 'dispatch-%' ORDER BY 1"
+    ).fetchall() == [
+        ("dispatch-prune", "*/10 * * * *", "CALL dispatch.prune()", dbname),
+        ("dispatch-tick", "* * * * *", "SELECT dispatch.tick()", dbname),
+    ]
+    # dispatch.prune commits between batches: check that pg_cron can run it, in the same minute
+    cron_db.execute(
+        "SELECT cron.schedule_in_database('dispatch-prune-now', '* * * * *', 'CALL dispatch.prune()', %s)",
+        (dbname,),
+    )
 
     db.execute("LISTEN dispatch")
     db.execute(
@@ -59,12 +74,14 @@ def test_pg_cron_ticks_another_database(db: psycopg.Connection, cron_db: psycopg
             break
     assert '{"marked" : 1, "requeued" : 0}' in payloads
     assert db.execute("SELECT status FROM dispatch.runs").fetchall() == [("pending",)]
-    # pg_cron writes the job's status just after the command commits
-    while (
-        status := cron_db.execute(
-            "SELECT status FROM cron.job_run_details d JOIN cron.job j USING (jobid)"
-            " WHERE j.jobname = 'dispatch-tick' ORDER BY runid DESC LIMIT 1"
-        ).fetchone()
-    ) != ("succeeded",):
-        assert status in {("starting",), ("running",), None}, status
-        assert time.monotonic() < deadline
+    # pg_cron writes a job's status just after its command commits
+    for job in ["dispatch-tick", "dispatch-prune-now"]:
+        while (
+            status := cron_db.execute(
+                "SELECT status, return_message FROM cron.job_run_details d JOIN cron.job j USING (jobid)"
+                " WHERE j.jobname = %s ORDER BY runid DESC LIMIT 1",
+                (job,),
+            ).fetchone()
+        ) is None or status[0] != "succeeded":
+            assert status is None or status[0] in {"starting", "running"}, (job, status)
+            assert time.monotonic() < deadline
