@@ -1,5 +1,10 @@
 """Recording outcomes: the one place where the listener writes what its invocations did.
 
+Outcomes are written by a few writer tasks (one per pooled connection), each taking whatever
+has queued up, up to BATCH_MAX, and recording it with dispatch.complete_run per run, pipelined in
+one round trip and one transaction. A caller waits until its outcome is written (or kept for
+later), so a listener never claims faster than it can record.
+
 An outcome that cannot be written (the database is away) is kept in memory and retried until
 the run's lease would have expired; after that the run belongs to whoever claims it next, so
 the outcome is dropped. A run is never invoked again to make up for a lost write.
@@ -39,12 +44,20 @@ def _fields(run: Run, outcome: Outcome) -> dict[str, object]:
     }
 
 
+BATCH_MAX = 100
+
+
 class Completer:
     """Writes outcomes with dispatch.complete_run; keeps and retries the ones that fail to write."""
 
-    def __init__(self, db: Database, *, on_advanced: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, db: Database, *, writers: int = 1,
+                 on_advanced: Callable[[], None] = lambda: None) -> None:
         self._db = db
         self._on_advanced = on_advanced
+        self._writer_count = writers
+        self._writers: list[asyncio.Task[None]] = []
+        self._queue: list[tuple[Run, Outcome, asyncio.Future[None]]] = []
+        self._has_work = asyncio.Event()
         self._deferred: dict[int, tuple[Run, Outcome]] = {}
         self._retrying: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
@@ -58,6 +71,48 @@ class Completer:
     async def complete(self, run: Run, outcome: Outcome) -> None:
         """Record `outcome`, or keep it for later if the database is unavailable. Never raises
         for a database failure."""
+        if not self._writers:
+            self._writers = [asyncio.create_task(self._write_loop(), name=f"pgdispatch-completion-{i}")
+                             for i in range(self._writer_count)]
+        written = asyncio.get_running_loop().create_future()
+        self._queue.append((run, outcome, written))
+        self._has_work.set()
+        await written
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._has_work.wait()
+            batch = self._queue[:BATCH_MAX]
+            del self._queue[:BATCH_MAX]
+            if not self._queue:
+                self._has_work.clear()
+            if not batch:
+                continue
+            try:
+                await self._write_batch([(run, outcome) for run, outcome, _ in batch])
+            finally:
+                for _, _, written in batch:
+                    if not written.done():
+                        written.set_result(None)
+
+    async def _write_batch(self, items: list[tuple[Run, Outcome]]) -> None:
+        if len(items) == 1:
+            await self._complete_one(*items[0])
+            return
+        try:
+            results = await self._db.complete_many(items)
+        except DatabaseUnavailable as exc:
+            for run, outcome in items:
+                self._defer(run, outcome, exc)
+            return
+        except psycopg.Error:
+            for run, outcome in items:  # find the one that fails; record the others
+                await self._complete_one(run, outcome)
+            return
+        for (run, outcome), (recorded, advanced) in zip(items, results, strict=True):
+            self._report(run, outcome, recorded, advanced)
+
+    async def _complete_one(self, run: Run, outcome: Outcome) -> None:
         try:
             await self._write(run, outcome)
         except DatabaseUnavailable as exc:
@@ -70,6 +125,9 @@ class Completer:
 
     async def _write(self, run: Run, outcome: Outcome) -> None:
         recorded, advanced = await self._db.complete(run, outcome)
+        self._report(run, outcome, recorded, advanced)
+
+    def _report(self, run: Run, outcome: Outcome, recorded: bool, advanced: bool) -> None:
         if not recorded:
             logger.warning(
                 "run %s: outcome not recorded, this listener no longer holds the run", run.run_id,
@@ -122,10 +180,11 @@ class Completer:
         return len(self._deferred)
 
     async def close(self) -> None:
-        """Stop retrying; what is still deferred is dropped (its lease will expire)."""
-        if self._retrying is not None:
-            self._retrying.cancel()
-            await asyncio.gather(self._retrying, return_exceptions=True)
+        """Stop writing and retrying; what is still deferred is dropped (its lease will expire)."""
+        tasks = [*self._writers, *([self._retrying] if self._retrying else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for run, outcome in self._deferred.values():
             logger.error(
                 "run %s: outcome dropped at shutdown, the database was unavailable", run.run_id,

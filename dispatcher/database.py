@@ -14,6 +14,7 @@ from dispatcher.runs import Outcome, Run
 
 __all__ = ["Database", "DatabaseUnavailable"]
 
+_COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s)"
 # How long a call waits for a pooled connection before the database counts as unavailable.
 CONNECTION_WAIT_S = 5.0
 
@@ -68,16 +69,33 @@ class Database:
         )
         return [Run.from_row(row, lease_deadline=deadline) for row in rows]
 
+    def _complete_params(self, run: Run, outcome: Outcome) -> tuple[Any, ...]:
+        return (run.run_id, self._worker_id, outcome.status, outcome.error, outcome.http_status,
+                outcome.duration_ms)
+
     async def complete(self, run: Run, outcome: Outcome) -> tuple[bool, bool]:
         """Record an outcome; returns (recorded, advanced). recorded is False when this worker no
         longer holds the run (its lease expired and another listener took it, or it was already
         recorded by an earlier attempt whose answer was lost)."""
-        rows = await self._fetch(
-            "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s)",
-            (run.run_id, self._worker_id, outcome.status, outcome.error, outcome.http_status,
-             outcome.duration_ms),
-        )
+        rows = await self._fetch(_COMPLETE, self._complete_params(run, outcome))
         return bool(rows[0]["recorded"]), bool(rows[0]["advanced"])
+
+    async def complete_many(self, items: list[tuple[Run, Outcome]]) -> list[tuple[bool, bool]]:
+        """complete() for several runs in one round trip and one transaction (pipeline mode): all
+        are recorded or none."""
+        try:
+            async with self.pool.connection(timeout=CONNECTION_WAIT_S) as conn:
+                async with conn.pipeline():
+                    cursors = [await conn.execute(_COMPLETE, self._complete_params(run, outcome))
+                               for run, outcome in items]
+                results = []
+                for cursor in cursors:
+                    row = await cursor.fetchone()
+                    assert row is not None
+                    results.append((bool(row[0]), bool(row[1])))
+                return results
+        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
+            raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
 
     async def release(self, run_ids: list[int]) -> int:
         """Hand claimed runs that were never invoked back to pending."""

@@ -89,7 +89,7 @@ class Listener:
             lease_s=settings.lease_s,
             pool_size=settings.pool_size,
         )
-        self._completer = Completer(self._db, on_advanced=self._replan_soon)
+        self._completer = Completer(self._db, writers=settings.pool_size, on_advanced=self._replan_soon)
 
     # -- control ---------------------------------------------------------------------------
 

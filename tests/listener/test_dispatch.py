@@ -185,6 +185,7 @@ async def test_reconnects_after_pg_terminate_backend_and_sweeps(
     await until(lambda: scalar(adb, "SELECT count(*) = 5 FROM dispatch.runs WHERE status = 'ok'"),
                 within=15, what="runs marked during the outage to be dispatched")
     assert sink.by_request_id() == {row[0]: 1 for row in db.execute("SELECT request_id FROM dispatch.runs")}
-    events = [getattr(record, "event", None) for record in caplog.records]
-    assert "database_reconnecting" in events and "database_reconnected" in events
+    events = lambda: [getattr(record, "event", None) for record in caplog.records]  # noqa: E731
+    await until(lambda: "database_reconnected" in events(), what="the LISTEN session to come back")
+    assert "database_reconnecting" in events()
     await until(lambda: apps() == (5,), what="the pool to reconnect")
