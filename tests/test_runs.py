@@ -388,3 +388,91 @@ def test_claiming_pending_runs_uses_the_pending_index(db: psycopg.Connection) ->
         for r in db.execute("EXPLAIN SELECT id FROM dispatch.schedules WHERE next_run_at <= now()").fetchall()
     )
     assert "schedules_next_run_at_idx" in due
+
+
+def complete_many(
+    db: psycopg.Connection, worker: str, outcomes: list[tuple[int, str, str | None]]
+) -> list[tuple[int, bool, bool]]:
+    return [
+        tuple(r)
+        for r in db.execute(
+            "SELECT * FROM dispatch.complete_runs(%s, %s, %s, %s, %s, %s)",
+            (
+                worker,
+                [o[0] for o in outcomes],
+                [o[1] for o in outcomes],
+                [o[2] for o in outcomes],
+                [200 if o[1] == "ok" else 500 for o in outcomes],
+                [7 for _ in outcomes],
+            ),
+        ).fetchall()
+    ]
+
+
+def test_complete_runs_applies_complete_runs_rules_to_a_batch(db: psycopg.Connection) -> None:
+    ids = [
+        add_schedule(db, expr)
+        for expr in ["* * * * *", "*/5 * * * *", "0 * * * *", "30 2 * * *", "* * * * *", "* * * * *"]
+    ]
+    make_due(db, "3 minutes")
+    db.execute("SELECT dispatch.tick()")
+    runs = {str(r[1]): r for r in claim(db, "w")}
+    taken = runs[ids[4]][0]
+    db.execute("UPDATE dispatch.runs SET worker = 'other' WHERE id = %s", (taken,))  # lease taken over
+    db.execute("UPDATE dispatch.schedules SET cron_expression = '0 12 * * *' WHERE id = %s", (ids[5],))
+    edited = scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (ids[5],))
+
+    results = complete_many(
+        db,
+        "w",
+        [
+            (runs[ids[0]][0], "ok", None),
+            (runs[ids[1]][0], "error", "x" * 900),
+            (runs[ids[2]][0], "ok", None),
+            (runs[ids[3]][0], "error", "boom"),
+            (taken, "ok", None),
+            (runs[ids[5]][0], "ok", None),
+            (999_999, "ok", None),
+        ],
+    )
+    assert results == [
+        (runs[ids[0]][0], True, True),
+        (runs[ids[1]][0], True, True),
+        (runs[ids[2]][0], True, True),
+        (runs[ids[3]][0], True, True),
+        (taken, False, False),
+        (runs[ids[5]][0], True, False),
+        (999_999, False, False),
+    ]
+    # the same end state complete_run gives: slots advanced from now, error cut, audit per run
+    for sid, expr in zip(ids[:4], ["* * * * *", "*/5 * * * *", "0 * * * *", "30 2 * * *"], strict=True):
+        assert scalar(
+            db,
+            "SELECT next_run_at = dispatch.cron_next(%s, now(), 'UTC') FROM dispatch.schedules WHERE id = %s",
+            (expr, sid),
+        ), expr
+    assert scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (ids[5],)) == edited
+    assert scalar(db, "SELECT length(error) FROM dispatch.runs WHERE id = %s", (runs[ids[1]][0],)) == 500
+    assert scalar(db, "SELECT status FROM dispatch.runs WHERE id = %s", (taken,)) == "running"
+    audit = dict(
+        db.execute(
+            "SELECT (metadata->>'runId')::bigint, action FROM dispatch.audit_log"
+            " WHERE action LIKE 'schedule.run.%'"
+        ).fetchall()
+    )
+    assert audit == {
+        runs[ids[0]][0]: "schedule.run.ok",
+        runs[ids[1]][0]: "schedule.run.error",
+        runs[ids[2]][0]: "schedule.run.ok",
+        runs[ids[3]][0]: "schedule.run.error",
+        runs[ids[5]][0]: "schedule.run.ok",
+    }
+    assert (
+        scalar(db, "SELECT last_status || ':' || last_error FROM dispatch.schedules WHERE id = %s", (ids[3],))
+        == "error:boom"
+    )
+
+
+def test_complete_runs_refuses_unknown_statuses(db: psycopg.Connection) -> None:
+    with pytest.raises(errors.InvalidParameterValue, match="statuses must hold ok or error"):
+        complete_many(db, "w", [(1, "lost", None)])
