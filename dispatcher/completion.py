@@ -1,8 +1,8 @@
 """Recording outcomes: the one place where the listener writes what its invocations did.
 
 Outcomes are written by a few writer tasks (one per pooled connection), each taking whatever
-has queued up, up to BATCH_MAX, and recording it with dispatch.complete_run per run, pipelined in
-one round trip and one transaction. A caller waits until its outcome is written (or kept for
+has queued up, up to BATCH_MAX, and recording it with one dispatch.complete_runs call (a single
+run goes through dispatch.complete_run). A caller waits until its outcome is written (or kept for
 later), so a listener never claims faster than it can record.
 
 An outcome that cannot be written (the database is away) is kept in memory and retried until
@@ -48,7 +48,7 @@ BATCH_MAX = 100
 
 
 class Completer:
-    """Writes outcomes with dispatch.complete_run; keeps and retries the ones that fail to write."""
+    """Writes outcomes with dispatch.complete_runs; keeps and retries the ones that fail to write."""
 
     def __init__(self, db: Database, *, writers: int = 1,
                  on_advanced: Callable[[], None] = lambda: None) -> None:

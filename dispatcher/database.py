@@ -81,21 +81,22 @@ class Database:
         return bool(rows[0]["recorded"]), bool(rows[0]["advanced"])
 
     async def complete_many(self, items: list[tuple[Run, Outcome]]) -> list[tuple[bool, bool]]:
-        """complete() for several runs in one round trip and one transaction (pipeline mode): all
-        are recorded or none."""
-        try:
-            async with self.pool.connection(timeout=CONNECTION_WAIT_S) as conn:
-                async with conn.pipeline():
-                    cursors = [await conn.execute(_COMPLETE, self._complete_params(run, outcome))
-                               for run, outcome in items]
-                results = []
-                for cursor in cursors:
-                    row = await cursor.fetchone()
-                    assert row is not None
-                    results.append((bool(row[0]), bool(row[1])))
-                return results
-        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
-            raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
+        """complete() for several runs with dispatch.complete_runs: one statement, one round trip,
+        one transaction (all are recorded or none)."""
+        outcomes = [outcome for _, outcome in items]
+        rows = await self._fetch(
+            "SELECT run_id, recorded, advanced FROM dispatch.complete_runs(%s, %s, %s, %s, %s, %s)",
+            (
+                self._worker_id,
+                [run.run_id for run, _ in items],
+                [o.status for o in outcomes],
+                [o.error for o in outcomes],
+                [o.http_status for o in outcomes],
+                [o.duration_ms for o in outcomes],
+            ),
+        )
+        by_id = {row["run_id"]: (bool(row["recorded"]), bool(row["advanced"])) for row in rows}
+        return [by_id[run.run_id] for run, _ in items]
 
     async def release(self, run_ids: list[int]) -> int:
         """Hand claimed runs that were never invoked back to pending."""
