@@ -141,22 +141,31 @@ async def test_outcomes_are_recorded_with_their_error(
 
 async def test_a_claim_in_progress_at_shutdown_is_handed_back_unstarted(
     db: psycopg.Connection, connect: Callable[..., psycopg.Connection], adb: psycopg.AsyncConnection[Any],
-    sink: Sink, start_listener: StartListener,
+    sink: Sink, start_listener: StartListener, caplog: Any,
 ) -> None:
+    caplog.set_level(logging.INFO)
     add_schedules(db, 3)
-    mark_all_due(db)
     running = await start_listener(sweep_interval_s=60)
+    # The runs are marked inside the blocker's transaction: no claim can see them before the
+    # lock is taken, however fast the listener's first sweep is (marking them before the
+    # listener starts let that sweep claim and invoke them whenever it beat the lock).
     blocker = connect(autocommit=False)
+    assert mark_all_due(blocker) == 3
     blocker.execute("LOCK TABLE dispatch.runs IN SHARE MODE")  # claim_runs must wait behind this
     db.execute("NOTIFY dispatch")
     await until(lambda: scalar(adb, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                                    " AND query LIKE '%%claim_runs%%'"), what="the claim to wait on the lock")
+                                    " AND datname = current_database() AND application_name = %s"
+                                    " AND query LIKE '%%claim_runs%%'", ("pgdispatch test-1",)),
+                what="the listener's claim to wait on the lock")
 
     running.listener.stop("test")
     blocker.commit()  # the claim now returns three runs to a listener that is stopping
     await asyncio.wait_for(running.task, 10)
 
     assert sink.calls == []
+    released = [getattr(record, "count", None) for record in caplog.records
+                if getattr(record, "event", None) == "runs_released"]
+    assert released == [3], "the claim that waited on the lock got the three runs and handed them back"
     rows = db.execute("SELECT status, attempt, worker FROM dispatch.runs").fetchall()
     assert rows == [("pending", 0, None)] * 3
 
