@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +18,10 @@ __all__ = ["Database", "DatabaseUnavailable"]
 _COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s)"
 # How long a call waits for a pooled connection before the database counts as unavailable.
 CONNECTION_WAIT_S = 5.0
+# A pooled connection is checked (an empty query, one round trip) before use only when it has
+# been idle for longer than this: a busy listener would otherwise pay a round trip per call. A
+# connection that broke meanwhile fails its call, which the callers already retry.
+CHECK_AFTER_IDLE_S = 1.0
 
 
 class DatabaseUnavailable(Exception):
@@ -32,16 +37,22 @@ class Database:
         self._worker_id = worker_id
         self._lease_s = lease_s
         self._lease = timedelta(seconds=lease_s)
+        self._last_used: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
+            weakref.WeakKeyDictionary())
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             conninfo,
             kwargs={"autocommit": True, "application_name": application_name},
             min_size=pool_size,
             max_size=pool_size,
             open=False,
-            check=AsyncConnectionPool.check_connection,
+            check=self._check_connection,
             name="pgdispatch",
             reconnect_timeout=float("inf"),  # never give up: the listener waits for the database
         )
+
+    async def _check_connection(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if time.monotonic() - self._last_used.get(conn, float("-inf")) > CHECK_AFTER_IDLE_S:
+            await AsyncConnectionPool.check_connection(conn)
 
     async def open(self) -> None:
         """Start the pool without waiting for it: calls wait for connections as they come up."""
@@ -55,7 +66,9 @@ class Database:
             async with self.pool.connection(timeout=CONNECTION_WAIT_S) as conn:
                 cursor = conn.cursor(row_factory=dict_row)
                 await cursor.execute(query, params)
-                return await cursor.fetchall()
+                rows = await cursor.fetchall()
+                self._last_used[conn] = time.monotonic()
+                return rows
         except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
             raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
 

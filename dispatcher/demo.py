@@ -149,6 +149,8 @@ def run_demo(folder: Path) -> int:
     """Run the demo until SIGINT/SIGTERM; returns the exit status."""
     configure_logging("info")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # A newcomer sees every run: run_finished of an ok run is a DEBUG record (see completion.py).
+    logging.getLogger("dispatcher.completion").setLevel(logging.DEBUG)
     started = time.monotonic()
     _say(f"pgdispatch demo: starting PostgreSQL with pg_cron in {folder} ...")
     port = _cluster("start", folder)

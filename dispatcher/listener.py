@@ -9,9 +9,14 @@ Tasks of one listener:
 - clock: sleeps until the earliest next_run_at (dispatch.next_due_at(), by the database's
   clock) and calls dispatch.tick() at that instant; every sweep interval it ticks and wakes the
   claimer whatever happened.
-- claimer: claims as many runs as there are free invocation slots, again while batches come
-  back full, and queues them.
-- workers: `concurrency` coroutines that invoke queued runs and hand outcomes to the Completer.
+- claimer: claims in batches and queues the runs. It keeps up to PREFETCH_FACTOR times the
+  concurrency claimed (queued, in flight or being recorded) when invocations are fast, only as
+  many as the recent invocations drain in about PREFETCH_WAIT_S when they are slow (nothing
+  beyond the concurrency until durations are known), and claims at least one concurrency's
+  worth at a time once it prefetches, so that a claim's round trip is paid by many runs.
+- workers: `concurrency` coroutines that invoke queued runs and hand outcomes to the Completer,
+  which records them in batches while the workers go on. A queued run whose lease would end
+  before an invocation could finish is handed back instead of invoked.
 
 Shutdown (uvicorn-style: signal handlers only set events): the first SIGTERM/SIGINT stops
 claiming, hands claimed-but-unstarted runs back to pending, lets in-flight invocations finish
@@ -22,6 +27,7 @@ expire and they are retried with the same request id).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import signal
@@ -45,10 +51,18 @@ CHANNEL = "dispatch"
 # A completion that advances a schedule may move the earliest next_run_at; re-read it at most
 # this often rather than once per completion.
 REPLAN_AFTER_COMPLETION_S = 0.05
-# When fewer slots than this share of the concurrency are free, wait this long for more to
-# free up, so that a busy listener claims in batches rather than one run per round trip.
+# Claimed runs held at most (queued + in flight + being recorded), in multiples of the concurrency.
+PREFETCH_FACTOR = 4
+# Queue no more beyond the concurrency than the recent invocations drain in about this long.
+PREFETCH_WAIT_S = 1.0
+# Invocation durations the prefetch depth is estimated from.
+DURATION_WINDOW = 256
+# Without prefetch, when fewer slots than this share of the concurrency are free, wait this long
+# for more to free up, so that a busy listener claims in batches rather than a run per round trip.
 CLAIM_BATCH_SHARE = 0.25
 CLAIM_BATCH_WAIT_S = 0.005
+# A queued run is handed back rather than invoked when less than timeout + this is left of its lease.
+LEASE_SAFETY_S = 5.0
 # How long shutdown waits for a claim in progress before cancelling it.
 CLAIM_STOP_WAIT_S = 5.0
 
@@ -79,9 +93,14 @@ class Listener:
         self._sweep_requested = True
         self._replan_scheduled = False
         self._slot_freed = asyncio.Event()
-        self._busy = 0  # runs claimed and not finished: queued + in flight
+        self._outstanding = 0  # runs claimed and not yet recorded: queued, in flight, being recorded
+        self._in_flight = 0  # runs being invoked
+        self._durations: collections.deque[float] = collections.deque(maxlen=DURATION_WINDOW)
+        self._durations_sum = 0.0
         self._queue: asyncio.Queue[Run | None] = asyncio.Queue()
         self._held: list[Run] = []  # claimed while stopping: never started
+        self._expiring: list[Run] = []  # queued too long: handed back, never started
+        self._releasing: asyncio.Task[None] | None = None
         self._db = Database(
             settings.database_url,
             application_name=settings.application_name,
@@ -89,7 +108,9 @@ class Listener:
             lease_s=settings.lease_s,
             pool_size=settings.pool_size,
         )
-        self._completer = Completer(self._db, writers=settings.pool_size, on_advanced=self._replan_soon)
+        # Claims and ticks keep a connection or two of the pool; outcomes are written on the rest.
+        self._completer = Completer(self._db, writers=max(1, settings.pool_size - 2),
+                                    on_advanced=self._replan_soon, on_done=self._settled)
 
     # -- control ---------------------------------------------------------------------------
 
@@ -178,7 +199,7 @@ class Listener:
             if run is not None:
                 unstarted.append(run)
         if unstarted:
-            self._busy -= len(unstarted)
+            self._settled(len(unstarted))
             try:
                 released = await self._db.release([run.run_id for run in unstarted])
             except DatabaseUnavailable as exc:
@@ -191,7 +212,7 @@ class Listener:
 
         for _ in workers:
             self._queue.put_nowait(None)
-        in_flight = self._busy
+        in_flight = self._in_flight
         if in_flight:
             logger.info("waiting up to %g s for %d in-flight invocations", self.settings.grace_s, in_flight,
                         extra={"event": "draining", "in_flight": in_flight, "grace_s": self.settings.grace_s})
@@ -201,7 +222,7 @@ class Listener:
         await asyncio.wait([drained, forced], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
         forced.cancel()
         pending = [task for task in workers if not task.done()]
-        cancelled = self._busy
+        cancelled = self._in_flight
         for task in pending:
             task.cancel()
         await drained
@@ -209,6 +230,11 @@ class Listener:
             logger.warning("cancelled %d in-flight invocations: they are retried when their lease expires",
                            cancelled, extra={"event": "invocations_cancelled", "count": cancelled})
 
+        # What finished is recorded (a second signal leaves it a second at most).
+        remaining = max(1.0, self.settings.grace_s - (time.monotonic() - started))
+        await self._completer.flush(1.0 if self._force.is_set() else remaining)
+        if self._releasing is not None:
+            await asyncio.gather(self._releasing, return_exceptions=True)
         if self._completer.deferred and not self._force.is_set():
             remaining = max(1.0, self.settings.grace_s - (time.monotonic() - started))
             await self._completer.settle(remaining)
@@ -224,39 +250,101 @@ class Listener:
     # -- workers ---------------------------------------------------------------------------
 
     async def _worker(self, invoker: Invoker) -> None:
+        must_start_by = self.settings.timeout_s + LEASE_SAFETY_S
         while True:
             run = await self._queue.get()
             if run is None:
                 return
+            if run.lease_deadline - time.monotonic() < must_start_by:
+                self._hand_back(run)
+                continue
+            self._in_flight += 1
             try:
                 outcome = await invoker.invoke(run)
-                await self._completer.complete(run, outcome)
             except Exception:  # a bug must not take a worker away
                 logger.exception("run %s: unexpected error", run.run_id,
                                  extra={"event": "worker_error", "run_id": run.run_id})
+                self._settled(1)
+                continue
             finally:
-                self._busy -= 1
-                self._slot_freed.set()
+                self._in_flight -= 1
+            self._note_duration(outcome.duration_ms / 1000)
+            self._completer.submit(run, outcome)
+
+    def _settled(self, count: int) -> None:
+        """`count` claimed runs are off this listener's hands (recorded, deferred or handed back)."""
+        self._outstanding -= count
+        self._slot_freed.set()
+
+    def _note_duration(self, seconds: float) -> None:
+        if len(self._durations) == self._durations.maxlen:
+            self._durations_sum -= self._durations[0]
+        self._durations.append(seconds)
+        self._durations_sum += seconds
+
+    def _capacity(self) -> int:
+        """How many claimed runs this listener may hold now (see PREFETCH_FACTOR)."""
+        concurrency = self.settings.concurrency
+        if not self._durations:
+            return concurrency
+        mean_s = max(self._durations_sum / len(self._durations), 0.001)
+        extra = min((PREFETCH_FACTOR - 1) * concurrency, int(concurrency * PREFETCH_WAIT_S / mean_s))
+        return concurrency + max(0, extra)
+
+    def _hand_back(self, run: Run) -> None:
+        """Release a queued run that waited too long to be invoked within its lease."""
+        self._expiring.append(run)
+        if self._releasing is None or self._releasing.done():
+            self._releasing = asyncio.create_task(self._release_expiring(), name="pgdispatch-release")
+
+    async def _release_expiring(self) -> None:
+        while self._expiring:
+            runs, self._expiring = self._expiring, []
+            try:
+                released = await self._db.release([run.run_id for run in runs])
+            except DatabaseUnavailable as exc:
+                released = 0
+                reason = str(exc)
+            else:
+                reason = "queued until too little of its lease was left"
+            logger.warning("handed %d of %d queued runs back to pending: too little lease left to invoke",
+                           released, len(runs),
+                           extra={"event": "runs_released", "count": released, "reason": reason})
+            self._settled(len(runs))
 
     # -- claiming --------------------------------------------------------------------------
 
     async def _free_slots(self) -> int:
-        """Wait for at least one free invocation slot (a few ms more when few are free); 0 when
-        stopping."""
+        """Wait until a batch worth claiming is free (see PREFETCH_FACTOR); 0 when stopping."""
         concurrency = self.settings.concurrency
-        while self._busy >= concurrency and not self._stopping.is_set():
+        while True:
+            capacity = self._capacity()
+            if self._stopping.is_set():
+                return 0
+            if self._outstanding < capacity:
+                break
             self._slot_freed.clear()
             await self._slot_freed.wait()
+        if capacity > concurrency:
+            # Prefetching: claim at least one concurrency's worth (or all the prefetch allows)
+            # at a time; the queue still holds work for the workers meanwhile.
+            wanted = min(concurrency, capacity - concurrency)
+            while capacity - self._outstanding < wanted and not self._stopping.is_set():
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                capacity = self._capacity()
+                wanted = min(concurrency, max(1, capacity - concurrency))
+        else:
+            wanted = max(1, int(concurrency * CLAIM_BATCH_SHARE))
+            if capacity - self._outstanding < wanted and self._outstanding:
+                deadline = time.monotonic() + CLAIM_BATCH_WAIT_S
+                while (capacity - self._outstanding < wanted and not self._stopping.is_set()
+                       and (left := deadline - time.monotonic()) > 0):
+                    self._slot_freed.clear()
+                    await _wait(self._slot_freed, left)
         if self._stopping.is_set():
             return 0
-        wanted = max(1, int(concurrency * CLAIM_BATCH_SHARE))
-        if concurrency - self._busy < wanted and self._busy:
-            deadline = time.monotonic() + CLAIM_BATCH_WAIT_S
-            while (concurrency - self._busy < wanted and not self._stopping.is_set()
-                   and (left := deadline - time.monotonic()) > 0):
-                self._slot_freed.clear()
-                await _wait(self._slot_freed, left)
-        return concurrency - self._busy
+        return max(0, self._capacity() - self._outstanding)
 
     async def _claim_loop(self) -> None:
         backoff = Backoff()
@@ -280,11 +368,11 @@ class Listener:
                     break
                 backoff.reset()
                 if runs and self._stopping.is_set():
-                    self._busy += len(runs)
+                    self._outstanding += len(runs)
                     self._held.extend(runs)  # handed back by the shutdown
                     return
                 if runs:
-                    self._busy += len(runs)
+                    self._outstanding += len(runs)
                     for run in runs:
                         self._queue.put_nowait(run)
                     logger.info("claimed %d runs", len(runs),
