@@ -483,6 +483,18 @@ $$;
 
 
 --
+-- Name: _timezone_names(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._timezone_names() RETURNS SETOF text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT name FROM pg_catalog.pg_timezone_names
+    WHERE name !~ '^(posix|right)/' AND name NOT IN ('localtime', 'posixrules', 'Factory')
+$$;
+
+
+--
 -- Name: _tz_transition(timestamp with time zone, timestamp with time zone, text); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -522,7 +534,7 @@ BEGIN
         RAISE EXCEPTION 'timezone must not be null' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF EXISTS (SELECT 1 FROM dispatch.timezones WHERE name = tz)
-       OR (length(tz) <= 64 AND EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names WHERE name = tz)) THEN
+       OR (length(tz) <= 64 AND tz IN (SELECT dispatch._timezone_names())) THEN
         RETURN tz;
     END IF;
     RAISE EXCEPTION USING
@@ -808,6 +820,9 @@ BEGIN
                 END IF;
                 IF f = 5 AND strpos(item, '#') > 0 THEN
                     parts := string_to_array(item, '#');
+                    IF parts[1] = '' THEN
+                        PERFORM dispatch._cron_error(expr, format('day-of-week "%s" has no weekday before #', item));
+                    END IF;
                     IF cardinality(parts) <> 2 OR parts[2] !~ '^[1-5]$' THEN
                         PERFORM dispatch._cron_error(expr,
                             format('day-of-week "%s": the occurrence after # must be 1-5', item));
@@ -850,6 +865,9 @@ BEGIN
                     END IF;
                     a := dispatch._cron_value(expr, fname, range[1], mins[f], maxs[f]);
                     b := dispatch._cron_value(expr, fname, range[2], mins[f], maxs[f]);
+                    IF f = 5 AND upper(range[2]) = 'SUN' AND a > 0 THEN
+                        b := 7;  -- MON-SUN: Sunday as the end of the week
+                    END IF;
                     IF a > b THEN
                         PERFORM dispatch._cron_error(expr,
                             format('%s range %s is reversed', fname, parts[1]),
@@ -1108,7 +1126,7 @@ CREATE FUNCTION dispatch.refresh_timezones() RETURNS integer
     AS $$
     WITH fresh AS (
         INSERT INTO dispatch.timezones (name)
-        SELECT name FROM pg_catalog.pg_timezone_names
+        SELECT dispatch._timezone_names()
         ON CONFLICT DO NOTHING
         RETURNING 1
     )
@@ -1120,7 +1138,7 @@ $$;
 -- Name: FUNCTION refresh_timezones(); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.refresh_timezones() IS 'Copy new names from pg_timezone_names into dispatch.timezones; returns how many were added.';
+COMMENT ON FUNCTION dispatch.refresh_timezones() IS 'Copy new names from pg_timezone_names (less localtime, posixrules, Factory and posix/ copies) into dispatch.timezones; returns how many were added.';
 
 
 --
@@ -1209,8 +1227,8 @@ DECLARE
     marked integer;
     requeued integer;
 BEGIN
-    -- One tick at a time: two marking the same slots in different orders could deadlock,
-    -- and a queued tick is cheap.
+    -- One tick at a time: two marking the same slots in different orders could deadlock
+    -- (so no ORDER BY is needed below), and a queued tick is cheap.
     PERFORM pg_advisory_xact_lock(hashtext('dispatch.tick'));
     requeued := dispatch.expire_leases();
 
@@ -1218,7 +1236,6 @@ BEGIN
     SELECT s.id, s.next_run_at
     FROM dispatch.schedules s
     WHERE s.next_run_at <= tick.now
-    ORDER BY s.next_run_at
     ON CONFLICT DO NOTHING;  -- a slot already marked, or a run still open for the schedule
     GET DIAGNOSTICS marked = ROW_COUNT;
 

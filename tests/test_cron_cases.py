@@ -323,6 +323,9 @@ FEATURE_CASES = [
     ("weekday 0 is Sunday", "0 0 * * 0", "2024-01-01 00:00", "2024-01-07 00:00"),
     ("weekday 7 is Sunday", "0 0 * * 7", "2024-01-01 00:00", "2024-01-07 00:00"),
     ("weekday range to 7", "0 0 * * 6-7", "2024-01-01 00:00", "2024-01-06 00:00"),
+    ("weekday range ending on SUN", "0 0 * * FRI-SUN", "2024-01-01 00:00", "2024-01-05 00:00"),
+    ("SUN ends a range on Sunday", "0 0 * * SAT-SUN", "2024-01-06 00:00", "2024-01-07 00:00"),
+    ("MON-SUN is every day", "0 0 * * MON-SUN", "2024-01-01 00:00", "2024-01-02 00:00"),
     ("weekday step", "0 0 * * */3", "2024-01-01 00:00", "2024-01-03 00:00"),  # Sun, Wed, Sat
     ("@yearly", "@yearly", "2024-01-01 00:00", "2025-01-01 00:00"),
     ("@annually", "@annually", "2024-01-01 00:00", "2025-01-01 00:00"),
@@ -625,6 +628,10 @@ BAD_ZONES = [
     "Europe/Berlinn",
     "Europe/../Berlin",
     "x" * 1000,
+    "localtime",  # whatever the server's clock is set to
+    "posixrules",
+    "Factory",
+    "posix/Europe/Berlin",  # a copy: use Europe/Berlin
 ]
 
 

@@ -149,6 +149,8 @@ def ref_parse(expr: str) -> Spec:
             elif "-" in base:
                 first, last = base.split("-")
                 a, b = _token(first, f), _token(last, f)
+                if f == 4 and last.upper() == "SUN" and a > 0:
+                    b = 7  # MON-SUN
                 if a > b:
                     raise ValueError(item)
             else:

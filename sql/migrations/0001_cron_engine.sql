@@ -151,6 +151,9 @@ BEGIN
                 END IF;
                 IF f = 5 AND strpos(item, '#') > 0 THEN
                     parts := string_to_array(item, '#');
+                    IF parts[1] = '' THEN
+                        PERFORM dispatch._cron_error(expr, format('day-of-week "%s" has no weekday before #', item));
+                    END IF;
                     IF cardinality(parts) <> 2 OR parts[2] !~ '^[1-5]$' THEN
                         PERFORM dispatch._cron_error(expr,
                             format('day-of-week "%s": the occurrence after # must be 1-5', item));
@@ -193,6 +196,9 @@ BEGIN
                     END IF;
                     a := dispatch._cron_value(expr, fname, range[1], mins[f], maxs[f]);
                     b := dispatch._cron_value(expr, fname, range[2], mins[f], maxs[f]);
+                    IF f = 5 AND upper(range[2]) = 'SUN' AND a > 0 THEN
+                        b := 7;  -- MON-SUN: Sunday as the end of the week
+                    END IF;
                     IF a > b THEN
                         PERFORM dispatch._cron_error(expr,
                             format('%s range %s is reversed', fname, parts[1]),

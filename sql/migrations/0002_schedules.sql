@@ -1,10 +1,20 @@
 -- Time zone names, schedules and the audit log, with the write path that validates them.
 
 -- pg_timezone_names reads the whole tz database (tens of ms a query), far too slow to
--- consult on every write; its names are copied here and refreshed on demand.
+-- consult on every write; its names are copied here and refreshed on demand. Left out:
+-- localtime (whatever the server's clock is set to), posixrules and Factory (not places),
+-- and the posix/ copies of the canonical names.
 CREATE TABLE dispatch.timezones (
     name text PRIMARY KEY
 );
+
+CREATE FUNCTION dispatch._timezone_names()
+RETURNS SETOF text
+LANGUAGE sql STABLE
+AS $$
+    SELECT name FROM pg_catalog.pg_timezone_names
+    WHERE name !~ '^(posix|right)/' AND name NOT IN ('localtime', 'posixrules', 'Factory')
+$$;
 COMMENT ON TABLE dispatch.timezones IS
     'Cache of pg_timezone_names.name, the only zone names schedules accept. Refresh with dispatch.refresh_timezones() after a tzdata upgrade.';
 
@@ -14,16 +24,16 @@ LANGUAGE sql
 AS $$
     WITH fresh AS (
         INSERT INTO dispatch.timezones (name)
-        SELECT name FROM pg_catalog.pg_timezone_names
+        SELECT dispatch._timezone_names()
         ON CONFLICT DO NOTHING
         RETURNING 1
     )
     SELECT count(*)::integer FROM fresh
 $$;
 COMMENT ON FUNCTION dispatch.refresh_timezones() IS
-    'Copy new names from pg_timezone_names into dispatch.timezones; returns how many were added.';
+    'Copy new names from pg_timezone_names (less localtime, posixrules, Factory and posix/ copies) into dispatch.timezones; returns how many were added.';
 
-INSERT INTO dispatch.timezones (name) SELECT name FROM pg_catalog.pg_timezone_names;
+INSERT INTO dispatch.timezones (name) SELECT dispatch._timezone_names();
 
 CREATE FUNCTION dispatch.check_timezone(tz text)
 RETURNS text
@@ -34,7 +44,7 @@ BEGIN
         RAISE EXCEPTION 'timezone must not be null' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF EXISTS (SELECT 1 FROM dispatch.timezones WHERE name = tz)
-       OR (length(tz) <= 64 AND EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names WHERE name = tz)) THEN
+       OR (length(tz) <= 64 AND tz IN (SELECT dispatch._timezone_names())) THEN
         RETURN tz;
     END IF;
     RAISE EXCEPTION USING

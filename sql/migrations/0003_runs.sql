@@ -151,8 +151,8 @@ DECLARE
     marked integer;
     requeued integer;
 BEGIN
-    -- One tick at a time: two marking the same slots in different orders could deadlock,
-    -- and a queued tick is cheap.
+    -- One tick at a time: two marking the same slots in different orders could deadlock
+    -- (so no ORDER BY is needed below), and a queued tick is cheap.
     PERFORM pg_advisory_xact_lock(hashtext('dispatch.tick'));
     requeued := dispatch.expire_leases();
 
@@ -160,7 +160,6 @@ BEGIN
     SELECT s.id, s.next_run_at
     FROM dispatch.schedules s
     WHERE s.next_run_at <= tick.now
-    ORDER BY s.next_run_at
     ON CONFLICT DO NOTHING;  -- a slot already marked, or a run still open for the schedule
     GET DIAGNOSTICS marked = ROW_COUNT;
 
