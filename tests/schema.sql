@@ -558,8 +558,11 @@ COMMENT ON FUNCTION dispatch.check_timezone(tz text) IS 'Return tz when it is a 
 --
 
 CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval DEFAULT '00:01:00'::interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone)
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH picked AS (
         SELECT r.id
         FROM dispatch.runs r
@@ -577,7 +580,8 @@ CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interva
     FROM picked, dispatch.schedules s
     WHERE r.id = picked.id AND s.id = r.schedule_id
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
-              r.request_id, r.scheduled_for, r.attempt, r.lease_until
+              r.request_id, r.scheduled_for, r.attempt, r.lease_until;
+END
 $$;
 
 
@@ -1661,10 +1665,10 @@ ALTER TABLE ONLY dispatch.timezones
 
 
 --
--- Name: audit_log_at_idx; Type: INDEX; Schema: dispatch; Owner: -
+-- Name: audit_log_at_brin_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
-CREATE INDEX audit_log_at_idx ON dispatch.audit_log USING btree (at);
+CREATE INDEX audit_log_at_brin_idx ON dispatch.audit_log USING brin (at);
 
 
 --

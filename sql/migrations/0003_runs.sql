@@ -184,8 +184,13 @@ RETURNS TABLE (
     attempt       integer,
     lease_until   timestamptz
 )
-LANGUAGE sql
+-- PL/pgSQL rather than SQL: PostgreSQL plans a (non-inlined) SQL function on every call, and
+-- planning this statement costs more than running it.
+LANGUAGE plpgsql
 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH picked AS (
         SELECT r.id
         FROM dispatch.runs r
@@ -203,7 +208,8 @@ AS $$
     FROM picked, dispatch.schedules s
     WHERE r.id = picked.id AND s.id = r.schedule_id
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
-              r.request_id, r.scheduled_for, r.attempt, r.lease_until
+              r.request_id, r.scheduled_for, r.attempt, r.lease_until;
+END
 $$;
 COMMENT ON FUNCTION dispatch.claim_runs(text, integer, interval) IS
     'Move up to max_runs pending runs, oldest slot first, to running for worker with a lease (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run) and return what is needed to invoke them. The lease must outlast the invocation timeout.';
