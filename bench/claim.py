@@ -1,0 +1,127 @@
+"""Claiming stays fast however much history dispatch.runs holds, and what a run costs on disk.
+
+    .venv/bin/python -m bench.claim [--pending 100000] [--finished 10000000]
+
+1. claim_runs(worker, 100, lease) with --pending pending runs, before and after loading
+   --finished finished runs: median ms per claim (each rolled back), and the plan's index.
+2. Write cost of one dispatched run (mark + claim + complete_runs, audit row included): WAL
+   bytes from pg_current_wal_lsn() and table + index growth, per run, over 10,000 runs."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import psycopg
+
+from bench.common import fresh_database, median_ms
+
+
+def load_schedules(conn: psycopg.Connection, count: int) -> None:
+    conn.execute("SET session_replication_role = replica")  # bulk load: triggers off
+    conn.execute(
+        """
+        INSERT INTO dispatch.schedules
+            (project_id, function_name, cron_expression, timezone, cron_spec, next_run_at)
+        SELECT 'proj_' || g %% 1000, 'fn', '*/5 * * * *', 'UTC', dispatch.cron_parse('*/5 * * * *'),
+               now() + interval '1 day'
+        FROM generate_series(1, %s) g
+        """,
+        (count,),
+    )
+    conn.execute("RESET session_replication_role")
+
+
+def claim_ms(conn: psycopg.Connection, repeat: int = 50) -> float:
+    samples = []
+    for _ in range(repeat):
+        with conn.transaction(force_rollback=True):
+            started = time.perf_counter()
+            rows = conn.execute("SELECT * FROM dispatch.claim_runs('bench', 100, '1 minute')").fetchall()
+            samples.append(time.perf_counter() - started)
+            assert len(rows) == 100
+    return median_ms(samples)
+
+
+def claim_plan(conn: psycopg.Connection) -> str:
+    plan = conn.execute(
+        "EXPLAIN SELECT r.id FROM dispatch.runs r WHERE r.status = 'pending'"
+        " ORDER BY r.scheduled_for, r.id LIMIT 100 FOR UPDATE SKIP LOCKED"
+    ).fetchall()
+    return next((line for (line,) in plan if "Index" in line), "no index used").strip()
+
+
+def write_cost(conninfo: str, runs: int) -> None:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        load_schedules(conn, runs)
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("UPDATE dispatch.schedules SET next_run_at = now() - interval '1 minute'")
+        conn.execute("CHECKPOINT")  # full-page images after a checkpoint are part of the real cost
+        size_sql = (
+            "SELECT pg_total_relation_size('dispatch.runs') + pg_total_relation_size('dispatch.audit_log')"
+            " + pg_total_relation_size('dispatch.schedules')"
+        )
+        (lsn0,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone()  # type: ignore[misc]
+        (size0,) = conn.execute(size_sql).fetchone()  # type: ignore[misc]
+        conn.execute("SELECT dispatch.tick()")
+        while rows := conn.execute(
+            "SELECT run_id FROM dispatch.claim_runs('bench', 500, '5 minutes')"
+        ).fetchall():
+            ids = [r[0] for r in rows]
+            conn.execute(
+                "SELECT count(*) FROM dispatch.complete_runs('bench', %s, %s, %s, %s, %s)",
+                (ids, ["ok"] * len(ids), [None] * len(ids), [200] * len(ids), [12] * len(ids)),
+            )
+        (wal,) = conn.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", (lsn0,)).fetchone()  # type: ignore[misc]
+        (size1,) = conn.execute(size_sql).fetchone()  # type: ignore[misc]
+        done = conn.execute("SELECT count(*) FROM dispatch.runs WHERE status = 'ok'").fetchone()
+        assert done == (runs,), done
+    print(f"write cost per dispatched run ({runs:,} runs: mark, claim, complete_runs, audit row):")
+    print(
+        f"  WAL {int(wal) / runs:,.0f} bytes/run (goal <= 2 kB)"
+        f"   table+index growth {(size1 - size0) / runs:,.0f} bytes/run"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pending", type=int, default=100_000)
+    parser.add_argument("--finished", type=int, default=10_000_000)
+    args = parser.parse_args()
+
+    conninfo = fresh_database("bench_claim")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        load_schedules(conn, args.pending)
+        conn.execute(
+            "INSERT INTO dispatch.runs (schedule_id, scheduled_for)"
+            " SELECT id, now() - interval '1 minute' FROM dispatch.schedules"
+        )
+        conn.execute("VACUUM ANALYZE")
+        before = claim_ms(conn)
+        print(f"claim_runs(100) with {args.pending:,} pending runs:")
+        print(f"  {0:>12,} finished: median {before:6.2f} ms   plan: {claim_plan(conn)}")
+        started = time.perf_counter()
+        per_schedule = max(1, args.finished // args.pending)
+        conn.execute(
+            """
+            INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, attempt, worker, claimed_at,
+                                       lease_until, finished_at, http_status, duration_ms, created_at)
+            SELECT s.id, t, 'ok', 1, 'old', t, t + interval '1 minute', t + interval '1 second', 200, 9, t
+            FROM generate_series(1, %s) k
+            CROSS JOIN dispatch.schedules s
+            CROSS JOIN LATERAL (SELECT now() - interval '1 hour' - k * interval '5 minutes') x(t)
+            """,
+            (per_schedule,),
+        )
+        conn.execute("VACUUM ANALYZE dispatch.runs")
+        loaded = per_schedule * args.pending
+        after = claim_ms(conn)
+        print(
+            f"  {loaded:>12,} finished: median {after:6.2f} ms   plan: {claim_plan(conn)}"
+            f"   (loaded in {time.perf_counter() - started:.0f} s)"
+        )
+    write_cost(fresh_database("bench_write_cost"), 10_000)
+
+
+if __name__ == "__main__":
+    main()
