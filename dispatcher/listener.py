@@ -95,6 +95,7 @@ class Listener:
         self._slot_freed = asyncio.Event()
         self._outstanding = 0  # runs claimed and not yet recorded: queued, in flight, being recorded
         self._in_flight = 0  # runs being invoked
+        self._recording = 0  # runs whose outcome the Completer is writing
         self._durations: collections.deque[float] = collections.deque(maxlen=DURATION_WINDOW)
         self._durations_sum = 0.0
         self._queue: asyncio.Queue[Run | None] = asyncio.Queue()
@@ -109,8 +110,8 @@ class Listener:
             pool_size=settings.pool_size,
         )
         # Claims and ticks keep a connection or two of the pool; outcomes are written on the rest.
-        self._completer = Completer(self._db, writers=max(1, settings.pool_size - 2),
-                                    on_advanced=self._replan_soon, on_done=self._settled)
+        self._completer = Completer(self._db, writers=1,
+                                    on_advanced=self._replan_soon, on_done=self._recorded)
 
     # -- control ---------------------------------------------------------------------------
 
@@ -269,12 +270,18 @@ class Listener:
             finally:
                 self._in_flight -= 1
             self._note_duration(outcome.duration_ms / 1000)
+            self._recording += 1
             self._completer.submit(run, outcome)
 
     def _settled(self, count: int) -> None:
         """`count` claimed runs are off this listener's hands (recorded, deferred or handed back)."""
         self._outstanding -= count
         self._slot_freed.set()
+
+    def _recorded(self, count: int) -> None:
+        """The Completer is done with `count` outcomes (written, refused or kept for later)."""
+        self._recording -= count
+        self._settled(count)
 
     def _note_duration(self, seconds: float) -> None:
         if len(self._durations) == self._durations.maxlen:
@@ -314,37 +321,40 @@ class Listener:
 
     # -- claiming --------------------------------------------------------------------------
 
+    def _room(self) -> tuple[int, int]:
+        """(runs that may be claimed now, the smallest batch worth a claim's round trip)."""
+        concurrency = self.settings.concurrency
+        capacity = self._capacity()
+        held = self._outstanding - self._recording  # queued + in flight
+        # Outcomes waiting to be recorded do not hold up the next claim, up to a point: the
+        # listener never holds more than twice its capacity, so it never claims much faster
+        # than it records.
+        room = min(capacity - held, 2 * capacity - self._outstanding)
+        if capacity > concurrency:
+            # Prefetching: at least one concurrency's worth (or all the prefetch allows) at a
+            # time; the queue still holds work for the workers meanwhile.
+            return room, min(concurrency, capacity - concurrency)
+        return room, max(1, int(concurrency * CLAIM_BATCH_SHARE))
+
     async def _free_slots(self) -> int:
         """Wait until a batch worth claiming is free (see PREFETCH_FACTOR); 0 when stopping."""
-        concurrency = self.settings.concurrency
-        while True:
-            capacity = self._capacity()
-            if self._stopping.is_set():
-                return 0
-            if self._outstanding < capacity:
-                break
+        while (room := self._room())[0] < 1 and not self._stopping.is_set():
             self._slot_freed.clear()
             await self._slot_freed.wait()
-        if capacity > concurrency:
-            # Prefetching: claim at least one concurrency's worth (or all the prefetch allows)
-            # at a time; the queue still holds work for the workers meanwhile.
-            wanted = min(concurrency, capacity - concurrency)
-            while capacity - self._outstanding < wanted and not self._stopping.is_set():
+        if self._capacity() > self.settings.concurrency:
+            while (room := self._room())[0] < room[1] and not self._stopping.is_set():
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
-                capacity = self._capacity()
-                wanted = min(concurrency, max(1, capacity - concurrency))
-        else:
-            wanted = max(1, int(concurrency * CLAIM_BATCH_SHARE))
-            if capacity - self._outstanding < wanted and self._outstanding:
-                deadline = time.monotonic() + CLAIM_BATCH_WAIT_S
-                while (capacity - self._outstanding < wanted and not self._stopping.is_set()
-                       and (left := deadline - time.monotonic()) > 0):
-                    self._slot_freed.clear()
-                    await _wait(self._slot_freed, left)
+        elif room[0] < room[1] and self._outstanding:
+            # Without prefetch, wait a few ms for more slots rather than claim a run at a time.
+            deadline = time.monotonic() + CLAIM_BATCH_WAIT_S
+            while ((room := self._room())[0] < room[1] and not self._stopping.is_set()
+                   and (left := deadline - time.monotonic()) > 0):
+                self._slot_freed.clear()
+                await _wait(self._slot_freed, left)
         if self._stopping.is_set():
             return 0
-        return max(0, self._capacity() - self._outstanding)
+        return max(1, self._room()[0])
 
     async def _claim_loop(self) -> None:
         backoff = Backoff()
