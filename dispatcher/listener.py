@@ -61,7 +61,8 @@ DURATION_WINDOW = 256
 # for more to free up, so that a busy listener claims in batches rather than a run per round trip.
 CLAIM_BATCH_SHARE = 0.25
 CLAIM_BATCH_WAIT_S = 0.005
-# A queued run is handed back rather than invoked when less than timeout + this is left of its lease.
+# A queued run is handed back rather than invoked when less than timeout + this (or half the lease's
+# margin over the timeout, if smaller) is left of its lease.
 LEASE_SAFETY_S = 5.0
 # How long shutdown waits for a claim in progress before cancelling it.
 CLAIM_STOP_WAIT_S = 5.0
@@ -251,7 +252,10 @@ class Listener:
     # -- workers ---------------------------------------------------------------------------
 
     async def _worker(self, invoker: Invoker) -> None:
-        must_start_by = self.settings.timeout_s + LEASE_SAFETY_S
+        # Invoke only with the timeout plus a safety margin (at most half of what the lease has
+        # beyond the timeout, so a freshly claimed run always qualifies) left of the lease.
+        margin_s = self.settings.lease_s - self.settings.timeout_s
+        must_start_by = self.settings.timeout_s + min(LEASE_SAFETY_S, margin_s / 2)
         while True:
             run = await self._queue.get()
             if run is None:
