@@ -112,7 +112,8 @@ def _json_error(body: bytes) -> str | None:
 def classify_response(status: int, body: bytes, *, truncated: bool = False) -> tuple[str, str | None]:
     """(status, error) for an HTTP answer; see the module's table."""
     if 200 <= status < 300:
-        if body[:1] == b"{" and not truncated:
+        # Only a JSON object holding the literal false can say otherwise: most answers skip parsing.
+        if body[:1] == b"{" and not truncated and b"false" in body:
             try:
                 data = json.loads(body)
             except ValueError:
@@ -192,6 +193,9 @@ def _describe(exc: BaseException) -> str:
 
 async def _read_capped(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
     """At most MAX_BODY_BYTES of the body, and whether there was more."""
+    length = response.content_length
+    if length is not None and length <= MAX_BODY_BYTES:
+        return await response.read(), False  # the common case: a small body of known length
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.content.iter_any():
