@@ -26,7 +26,7 @@ CREATE SCHEMA dispatch;
 -- Name: SCHEMA dispatch; Type: COMMENT; Schema: -; Owner: -
 --
 
-COMMENT ON SCHEMA dispatch IS 'pgdispatch: cron schedules dispatched over HTTP (https://github.com/pgdispatch/pgdispatch)';
+COMMENT ON SCHEMA dispatch IS 'pgdispatch: cron schedules dispatched over HTTP';
 
 
 --
@@ -61,6 +61,7 @@ COMMENT ON TYPE dispatch.cron_spec IS 'A parsed cron expression (dispatch.cron_p
 
 CREATE FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer DEFAULT NULL::integer) RETURNS bigint
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     ndays integer := CASE mo
@@ -113,6 +114,7 @@ $$;
 
 CREATE FUNCTION dispatch._cron_error(expr text, detail text, hint text DEFAULT NULL::text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     RAISE EXCEPTION USING
@@ -131,6 +133,7 @@ $$;
 
 CREATE FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) RETURNS timestamp without time zone
     LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     y  integer := date_part('year', t);
@@ -188,6 +191,7 @@ $$;
 
 CREATE FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) RETURNS integer
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
 DECLARE
     v integer;
@@ -227,9 +231,56 @@ $_$;
 CREATE FUNCTION dispatch._next_bit(mask bigint, k integer) RETURNS integer
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$
-    SELECT CASE WHEN mask >> k = 0 THEN NULL
-                ELSE k + round(ln(((mask >> k) & -(mask >> k))::float8) / 0.6931471805599453)::integer
+    SELECT CASE WHEN (mask OPERATOR(pg_catalog.>>) k) OPERATOR(pg_catalog.=) 0 THEN NULL
+                ELSE k OPERATOR(pg_catalog.+) pg_catalog.round(
+                         pg_catalog.ln(((mask OPERATOR(pg_catalog.>>) k) OPERATOR(pg_catalog.&)
+                                        (OPERATOR(pg_catalog.-) (mask OPERATOR(pg_catalog.>>) k)))::pg_catalog.float8)
+                         OPERATOR(pg_catalog./) 0.6931471805599453)::pg_catalog.int4
            END
+$$;
+
+
+--
+-- Name: _prune_audit(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._prune_audit() RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    n bigint;
+BEGIN
+    DELETE FROM dispatch.audit_log
+    WHERE id IN (SELECT a.id FROM dispatch.audit_log a, dispatch.settings cfg
+                 WHERE a.at < now() - cfg.audit_retention
+                 LIMIT (SELECT prune_batch_size FROM dispatch.settings));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+
+--
+-- Name: _prune_runs(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._prune_runs() RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    n bigint;
+BEGIN
+    -- finished_at >= created_at, so the BRIN bound only narrows the scan
+    DELETE FROM dispatch.runs
+    WHERE id IN (SELECT r.id FROM dispatch.runs r, dispatch.settings cfg
+                 WHERE r.created_at < now() - cfg.runs_retention
+                   AND r.finished_at < now() - cfg.runs_retention
+                 LIMIT (SELECT prune_batch_size FROM dispatch.settings));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
 $$;
 
 
@@ -325,7 +376,8 @@ COMMENT ON COLUMN dispatch.runs.error IS 'Why the run failed, was skipped or los
 --
 
 CREATE FUNCTION dispatch._run_finished(r dispatch.runs) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     s dispatch.schedules;
@@ -375,7 +427,8 @@ $$;
 --
 
 CREATE FUNCTION dispatch._schedule_audit() RETURNS trigger
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     action text;
@@ -394,7 +447,7 @@ BEGIN
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
-    VALUES (current_user, NEW.project_id, action,
+    VALUES (session_user, NEW.project_id, action,
             jsonb_strip_nulls(jsonb_build_object(
                 'scheduleId', NEW.id,
                 'functionName', NEW.function_name,
@@ -412,6 +465,7 @@ $$;
 
 CREATE FUNCTION dispatch._schedule_before_write() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
 BEGIN
     IF NEW.function_name IS NULL OR NEW.function_name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$' THEN
@@ -449,6 +503,7 @@ $_$;
 
 CREATE FUNCTION dispatch._schedule_notify() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     PERFORM pg_notify('dispatch', 'schedules');
@@ -462,7 +517,8 @@ $$;
 --
 
 CREATE FUNCTION dispatch._schedule_skip_pending() RETURNS trigger
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     r dispatch.runs;
@@ -488,6 +544,7 @@ $$;
 
 CREATE FUNCTION dispatch._timezone_names() RETURNS SETOF text
     LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT name FROM pg_catalog.pg_timezone_names
     WHERE name !~ '^(posix|right)/' AND name NOT IN ('localtime', 'posixrules', 'Factory')
@@ -500,6 +557,7 @@ $$;
 
 CREATE FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi timestamp with time zone, tz text) RETURNS timestamp with time zone
     LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     a bigint := floor(extract(epoch FROM lo) / 60);
@@ -528,6 +586,7 @@ $$;
 
 CREATE FUNCTION dispatch.check_timezone(tz text) RETURNS text
     LANGUAGE plpgsql STABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     IF tz IS NULL THEN
@@ -558,7 +617,8 @@ COMMENT ON FUNCTION dispatch.check_timezone(tz text) IS 'Return tz when it is a 
 --
 
 CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval DEFAULT '00:01:00'::interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -597,7 +657,8 @@ COMMENT ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease int
 --
 
 CREATE PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN status text, IN error text DEFAULT NULL::text, IN http_status integer DEFAULT NULL::integer, IN duration_ms integer DEFAULT NULL::integer, INOUT recorded boolean DEFAULT NULL::boolean, INOUT advanced boolean DEFAULT NULL::boolean)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     r dispatch.runs;
@@ -633,7 +694,8 @@ COMMENT ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN 
 --
 
 CREATE FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) RETURNS TABLE(run_id bigint, recorded boolean, advanced boolean)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM unnest(complete_runs.statuses) s WHERE s IS NULL OR s NOT IN ('ok', 'error'))
@@ -714,6 +776,7 @@ COMMENT ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], status
 
 CREATE FUNCTION dispatch.cron_is_valid(expr text) RETURNS boolean
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     PERFORM dispatch.cron_parse(expr);
@@ -736,9 +799,12 @@ COMMENT ON FUNCTION dispatch.cron_is_valid(expr text) IS 'True when the expressi
 --
 
 CREATE FUNCTION dispatch.cron_next(expr text, after timestamp with time zone, tz text DEFAULT 'UTC'::text) RETURNS timestamp with time zone
-    LANGUAGE sql STABLE STRICT PARALLEL SAFE
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    SELECT dispatch.cron_spec_next(dispatch.cron_parse(expr), after, dispatch.check_timezone(tz))
+BEGIN
+    RETURN dispatch.cron_spec_next(dispatch.cron_parse(expr), after, dispatch.check_timezone(tz));
+END
 $$;
 
 
@@ -755,6 +821,7 @@ COMMENT ON FUNCTION dispatch.cron_next(expr text, after timestamp with time zone
 
 CREATE FUNCTION dispatch.cron_parse(expr text) RETURNS dispatch.cron_spec
     LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
 DECLARE
     names  constant text[] := '{minute,hour,day-of-month,month,day-of-week}';
@@ -946,6 +1013,7 @@ COMMENT ON FUNCTION dispatch.cron_parse(expr text) IS 'Parse a 5-field cron expr
 
 CREATE FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text DEFAULT 'UTC'::text) RETURNS timestamp with time zone
     LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     w   timestamp;
@@ -1017,7 +1085,8 @@ COMMENT ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after times
 --
 
 CREATE FUNCTION dispatch.expire_leases() RETURNS integer
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     r dispatch.runs;
@@ -1063,9 +1132,12 @@ COMMENT ON FUNCTION dispatch.expire_leases() IS 'Hand running runs whose lease p
 --
 
 CREATE FUNCTION dispatch.next_due_at() RETURNS timestamp with time zone
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    SELECT min(next_run_at) FROM dispatch.schedules WHERE next_run_at > now()
+BEGIN
+    RETURN (SELECT min(next_run_at) FROM dispatch.schedules WHERE next_run_at > now());
+END
 $$;
 
 
@@ -1084,31 +1156,19 @@ CREATE PROCEDURE dispatch.prune(INOUT runs_deleted bigint DEFAULT 0, INOUT audit
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    cfg dispatch.settings;
     n bigint;
 BEGIN
-    SELECT * INTO STRICT cfg FROM dispatch.settings;
     LOOP
-        -- finished_at >= created_at, so the BRIN bound only narrows the scan
-        DELETE FROM dispatch.runs
-        WHERE id IN (SELECT id FROM dispatch.runs
-                     WHERE created_at < now() - cfg.runs_retention
-                       AND finished_at < now() - cfg.runs_retention
-                     LIMIT cfg.prune_batch_size);
-        GET DIAGNOSTICS n = ROW_COUNT;
-        runs_deleted := runs_deleted + n;
-        COMMIT;  -- small transactions: no long lock or bloat wave
-        EXIT WHEN n < cfg.prune_batch_size;
+        n := dispatch._prune_runs();
+        runs_deleted := runs_deleted OPERATOR(pg_catalog.+) n;
+        COMMIT;
+        EXIT WHEN n OPERATOR(pg_catalog.=) 0;
     END LOOP;
     LOOP
-        DELETE FROM dispatch.audit_log
-        WHERE id IN (SELECT id FROM dispatch.audit_log
-                     WHERE at < now() - cfg.audit_retention
-                     LIMIT cfg.prune_batch_size);
-        GET DIAGNOSTICS n = ROW_COUNT;
-        audit_deleted := audit_deleted + n;
+        n := dispatch._prune_audit();
+        audit_deleted := audit_deleted OPERATOR(pg_catalog.+) n;
         COMMIT;
-        EXIT WHEN n < cfg.prune_batch_size;
+        EXIT WHEN n OPERATOR(pg_catalog.=) 0;
     END LOOP;
 END
 $$;
@@ -1126,7 +1186,8 @@ COMMENT ON PROCEDURE dispatch.prune(INOUT runs_deleted bigint, INOUT audit_delet
 --
 
 CREATE FUNCTION dispatch.refresh_timezones() RETURNS integer
-    LANGUAGE sql
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     WITH fresh AS (
         INSERT INTO dispatch.timezones (name)
@@ -1151,6 +1212,7 @@ COMMENT ON FUNCTION dispatch.refresh_timezones() IS 'Copy new names from pg_time
 
 CREATE FUNCTION dispatch.register_cron_job() RETURNS text
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
 DECLARE
     cron_db text := current_setting('cron.database_name', true);
@@ -1198,18 +1260,22 @@ COMMENT ON FUNCTION dispatch.register_cron_job() IS 'Register (or update) the pg
 --
 
 CREATE FUNCTION dispatch.release_runs(worker text, run_ids bigint[]) RETURNS integer
-    LANGUAGE sql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    WITH released AS (
-        UPDATE dispatch.runs x
-        SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
-            attempt = x.attempt - 1
-        WHERE x.id = ANY (release_runs.run_ids) AND x.status = 'running' AND x.worker = release_runs.worker
-        RETURNING 1
-    ), wake AS (
-        SELECT pg_notify('dispatch', 'released') FROM released LIMIT 1
-    )
-    SELECT count(*)::integer FROM released, (SELECT count(*) FROM wake) w
+DECLARE
+    released integer;
+BEGIN
+    UPDATE dispatch.runs x
+    SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
+        attempt = x.attempt - 1
+    WHERE x.id = ANY (release_runs.run_ids) AND x.status = 'running' AND x.worker = release_runs.worker;
+    GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        PERFORM pg_notify('dispatch', 'released');
+    END IF;
+    RETURN released;
+END
 $$;
 
 
@@ -1225,7 +1291,8 @@ COMMENT ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[]) IS 'Han
 --
 
 CREATE FUNCTION dispatch.tick(now timestamp with time zone DEFAULT now()) RETURNS integer
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     marked integer;
@@ -1285,7 +1352,7 @@ COMMENT ON TABLE dispatch.audit_log IS 'One row per schedule change (schedule.cr
 -- Name: COLUMN audit_log.actor_id; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON COLUMN dispatch.audit_log.actor_id IS 'Database role that changed a schedule; NULL for runs (no user session).';
+COMMENT ON COLUMN dispatch.audit_log.actor_id IS 'The login (session_user) that changed a schedule; NULL for runs (no user session).';
 
 
 --
@@ -1768,6 +1835,331 @@ CREATE TRIGGER _900_notify AFTER INSERT OR UPDATE OF enabled, deleted_at, cron_e
 
 ALTER TABLE ONLY dispatch.runs
     ADD CONSTRAINT runs_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES dispatch.schedules(id) ON DELETE CASCADE;
+
+
+--
+-- Name: SCHEMA dispatch; Type: ACL; Schema: -; Owner: -
+--
+
+GRANT USAGE ON SCHEMA dispatch TO dispatch_listener;
+GRANT USAGE ON SCHEMA dispatch TO dispatch_reader;
+GRANT USAGE ON SCHEMA dispatch TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _cron_error(expr text, detail text, hint text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._cron_error(expr text, detail text, hint text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._cron_error(expr text, detail text, hint text) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._cron_error(expr text, detail text, hint text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._cron_error(expr text, detail text, hint text) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _cron_match_from(spec dispatch.cron_spec, t timestamp without time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _cron_value(expr text, field text, tok text, lo integer, hi integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _next_bit(mask bigint, k integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._next_bit(mask bigint, k integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._next_bit(mask bigint, k integer) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._next_bit(mask bigint, k integer) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._next_bit(mask bigint, k integer) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _prune_audit(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._prune_audit() FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._prune_audit() TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _prune_runs(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._prune_runs() FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._prune_runs() TO dispatch_admin;
+
+
+--
+-- Name: TABLE runs; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.runs TO dispatch_reader;
+
+
+--
+-- Name: FUNCTION _run_finished(r dispatch.runs); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._run_finished(r dispatch.runs) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _schedule_audit(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._schedule_audit() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _schedule_before_write(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._schedule_before_write() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _schedule_notify(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._schedule_notify() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _schedule_skip_pending(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._schedule_skip_pending() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _timezone_names(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._timezone_names() FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._timezone_names() TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._timezone_names() TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._timezone_names() TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _tz_transition(lo timestamp with time zone, hi timestamp with time zone, tz text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi timestamp with time zone, tz text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi timestamp with time zone, tz text) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi timestamp with time zone, tz text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi timestamp with time zone, tz text) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION check_timezone(tz text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.check_timezone(tz text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.check_timezone(tz text) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.check_timezone(tz text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch.check_timezone(tz text) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION claim_runs(worker text, max_runs integer, lease interval); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval) TO dispatch_listener;
+
+
+--
+-- Name: PROCEDURE complete_run(IN run_id bigint, IN worker text, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean) FROM PUBLIC;
+GRANT ALL ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean) TO dispatch_listener;
+
+
+--
+-- Name: FUNCTION complete_runs(worker text, run_ids bigint[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) TO dispatch_listener;
+
+
+--
+-- Name: FUNCTION cron_is_valid(expr text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.cron_is_valid(expr text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.cron_is_valid(expr text) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.cron_is_valid(expr text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch.cron_is_valid(expr text) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION cron_next(expr text, after timestamp with time zone, tz text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.cron_next(expr text, after timestamp with time zone, tz text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.cron_next(expr text, after timestamp with time zone, tz text) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.cron_next(expr text, after timestamp with time zone, tz text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch.cron_next(expr text, after timestamp with time zone, tz text) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION cron_parse(expr text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.cron_parse(expr text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.cron_parse(expr text) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.cron_parse(expr text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch.cron_parse(expr text) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION expire_leases(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.expire_leases() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION next_due_at(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.next_due_at() FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.next_due_at() TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.next_due_at() TO dispatch_admin;
+
+
+--
+-- Name: PROCEDURE prune(INOUT runs_deleted bigint, INOUT audit_deleted bigint); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON PROCEDURE dispatch.prune(INOUT runs_deleted bigint, INOUT audit_deleted bigint) FROM PUBLIC;
+GRANT ALL ON PROCEDURE dispatch.prune(INOUT runs_deleted bigint, INOUT audit_deleted bigint) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION refresh_timezones(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.refresh_timezones() FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.refresh_timezones() TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION register_cron_job(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.register_cron_job() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION release_runs(worker text, run_ids bigint[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[]) TO dispatch_listener;
+
+
+--
+-- Name: FUNCTION tick(now timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.tick(now timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.tick(now timestamp with time zone) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.tick(now timestamp with time zone) TO dispatch_admin;
+
+
+--
+-- Name: TABLE audit_log; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.audit_log TO dispatch_reader;
+
+
+--
+-- Name: TABLE listeners; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.listeners TO dispatch_reader;
+
+
+--
+-- Name: TABLE migrations; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.migrations TO dispatch_reader;
+
+
+--
+-- Name: TABLE schedules; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.schedules TO dispatch_reader;
+GRANT INSERT,DELETE,UPDATE ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: TABLE recent_failures; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.recent_failures TO dispatch_reader;
+
+
+--
+-- Name: TABLE schedule_status; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.schedule_status TO dispatch_reader;
+
+
+--
+-- Name: TABLE settings; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.settings TO dispatch_reader;
+GRANT UPDATE ON TABLE dispatch.settings TO dispatch_admin;
+
+
+--
+-- Name: TABLE timezones; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.timezones TO dispatch_reader;
 
 
 --

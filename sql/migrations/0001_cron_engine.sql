@@ -23,6 +23,7 @@ COMMENT ON TYPE dispatch.cron_spec IS
 CREATE FUNCTION dispatch._cron_error(expr text, detail text, hint text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RAISE EXCEPTION USING
@@ -38,6 +39,7 @@ $$;
 CREATE FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer)
 RETURNS integer
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v integer;
@@ -70,18 +72,24 @@ END
 $$;
 
 -- Lowest set bit of mask at position k or above; NULL when there is none. k must be 0-63.
+-- Schema-qualified operators instead of a pinned search_path: a SET clause would stop
+-- PostgreSQL from inlining this into its callers, and it is the engine's innermost loop.
 CREATE FUNCTION dispatch._next_bit(mask bigint, k integer)
 RETURNS integer
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
-    SELECT CASE WHEN mask >> k = 0 THEN NULL
-                ELSE k + round(ln(((mask >> k) & -(mask >> k))::float8) / 0.6931471805599453)::integer
+    SELECT CASE WHEN (mask OPERATOR(pg_catalog.>>) k) OPERATOR(pg_catalog.=) 0 THEN NULL
+                ELSE k OPERATOR(pg_catalog.+) pg_catalog.round(
+                         pg_catalog.ln(((mask OPERATOR(pg_catalog.>>) k) OPERATOR(pg_catalog.&)
+                                        (OPERATOR(pg_catalog.-) (mask OPERATOR(pg_catalog.>>) k)))::pg_catalog.float8)
+                         OPERATOR(pg_catalog./) 0.6931471805599453)::pg_catalog.int4
            END
 $$;
 
 CREATE FUNCTION dispatch.cron_parse(expr text)
 RETURNS dispatch.cron_spec
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     names  constant text[] := '{minute,hour,day-of-month,month,day-of-week}';
@@ -266,6 +274,7 @@ COMMENT ON FUNCTION dispatch.cron_parse(text) IS
 CREATE FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     ndays integer := CASE mo
@@ -315,6 +324,7 @@ $$;
 CREATE FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp)
 RETURNS timestamp
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     y  integer := date_part('year', t);
@@ -370,6 +380,7 @@ $$;
 CREATE FUNCTION dispatch._tz_transition(lo timestamptz, hi timestamptz, tz text)
 RETURNS timestamptz
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     a bigint := floor(extract(epoch FROM lo) / 60);
@@ -394,6 +405,7 @@ $$;
 CREATE FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamptz, tz text DEFAULT 'UTC')
 RETURNS timestamptz
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     w   timestamp;

@@ -11,6 +11,7 @@ CREATE TABLE dispatch.timezones (
 CREATE FUNCTION dispatch._timezone_names()
 RETURNS SETOF text
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT name FROM pg_catalog.pg_timezone_names
     WHERE name !~ '^(posix|right)/' AND name NOT IN ('localtime', 'posixrules', 'Factory')
@@ -21,6 +22,8 @@ COMMENT ON TABLE dispatch.timezones IS
 CREATE FUNCTION dispatch.refresh_timezones()
 RETURNS integer
 LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
     WITH fresh AS (
         INSERT INTO dispatch.timezones (name)
@@ -38,6 +41,7 @@ INSERT INTO dispatch.timezones (name) SELECT dispatch._timezone_names();
 CREATE FUNCTION dispatch.check_timezone(tz text)
 RETURNS text
 LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF tz IS NULL THEN
@@ -59,9 +63,12 @@ COMMENT ON FUNCTION dispatch.check_timezone(text) IS
 
 CREATE FUNCTION dispatch.cron_next(expr text, after timestamptz, tz text DEFAULT 'UTC')
 RETURNS timestamptz
-LANGUAGE sql STABLE STRICT PARALLEL SAFE
+LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT dispatch.cron_spec_next(dispatch.cron_parse(expr), after, dispatch.check_timezone(tz))
+BEGIN
+    RETURN dispatch.cron_spec_next(dispatch.cron_parse(expr), after, dispatch.check_timezone(tz));
+END
 $$;
 COMMENT ON FUNCTION dispatch.cron_next(text, timestamptz, text) IS
     'The earliest minute-aligned instant strictly after "after" whose wall-clock time in tz matches the cron expression. Fixed-time expressions follow Debian cron across DST (a skipped time fires at the jump, a repeated one once); expressions whose minute or hour starts with * follow real time.';
@@ -69,6 +76,7 @@ COMMENT ON FUNCTION dispatch.cron_next(text, timestamptz, text) IS
 CREATE FUNCTION dispatch.cron_is_valid(expr text)
 RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM dispatch.cron_parse(expr);
@@ -139,7 +147,7 @@ CREATE TABLE dispatch.audit_log (
 );
 COMMENT ON TABLE dispatch.audit_log IS
     'One row per schedule change (schedule.create/update/delete) and per finished run (schedule.run.ok/error/skipped/lost).';
-COMMENT ON COLUMN dispatch.audit_log.actor_id IS 'Database role that changed a schedule; NULL for runs (no user session).';
+COMMENT ON COLUMN dispatch.audit_log.actor_id IS 'The login (session_user) that changed a schedule; NULL for runs (no user session).';
 COMMENT ON COLUMN dispatch.audit_log.metadata IS
     'For runs: scheduleId, requestId, functionName, runId, scheduledFor, attempt, and error when there is one.';
 CREATE INDEX audit_log_project_id_at_idx ON dispatch.audit_log (project_id, at);
@@ -151,6 +159,7 @@ CREATE INDEX audit_log_at_brin_idx ON dispatch.audit_log USING brin (at);
 CREATE FUNCTION dispatch._schedule_before_write()
 RETURNS trigger
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF NEW.function_name IS NULL OR NEW.function_name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$' THEN
@@ -193,6 +202,8 @@ CREATE TRIGGER _100_validate_update
 CREATE FUNCTION dispatch._schedule_audit()
 RETURNS trigger
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     action text;
@@ -211,7 +222,7 @@ BEGIN
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
-    VALUES (current_user, NEW.project_id, action,
+    VALUES (session_user, NEW.project_id, action,
             jsonb_strip_nulls(jsonb_build_object(
                 'scheduleId', NEW.id,
                 'functionName', NEW.function_name,
@@ -240,6 +251,7 @@ CREATE TRIGGER _800_audit_update AFTER UPDATE ON dispatch.schedules
 CREATE FUNCTION dispatch._schedule_notify()
 RETURNS trigger
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM pg_notify('dispatch', 'schedules');

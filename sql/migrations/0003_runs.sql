@@ -63,6 +63,8 @@ CREATE UNIQUE INDEX runs_one_open_per_schedule_key ON dispatch.runs (schedule_id
 CREATE FUNCTION dispatch._run_finished(r dispatch.runs)
 RETURNS boolean
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     s dispatch.schedules;
@@ -109,6 +111,8 @@ $$;
 CREATE FUNCTION dispatch.expire_leases()
 RETURNS integer
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r dispatch.runs;
@@ -146,6 +150,8 @@ COMMENT ON FUNCTION dispatch.expire_leases() IS
 CREATE FUNCTION dispatch.tick(now timestamptz DEFAULT now())
 RETURNS integer
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     marked integer;
@@ -187,6 +193,8 @@ RETURNS TABLE (
 -- PL/pgSQL rather than SQL: PostgreSQL plans a (non-inlined) SQL function on every call, and
 -- planning this statement costs more than running it.
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -225,6 +233,8 @@ CREATE PROCEDURE dispatch.complete_run(
     INOUT advanced boolean DEFAULT NULL
 )
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r dispatch.runs;
@@ -251,27 +261,36 @@ COMMENT ON PROCEDURE dispatch.complete_run(bigint, text, text, text, integer, in
 
 CREATE FUNCTION dispatch.release_runs(worker text, run_ids bigint[])
 RETURNS integer
-LANGUAGE sql
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
-    WITH released AS (
-        UPDATE dispatch.runs x
-        SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
-            attempt = x.attempt - 1
-        WHERE x.id = ANY (release_runs.run_ids) AND x.status = 'running' AND x.worker = release_runs.worker
-        RETURNING 1
-    ), wake AS (
-        SELECT pg_notify('dispatch', 'released') FROM released LIMIT 1
-    )
-    SELECT count(*)::integer FROM released, (SELECT count(*) FROM wake) w
+DECLARE
+    released integer;
+BEGIN
+    UPDATE dispatch.runs x
+    SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
+        attempt = x.attempt - 1
+    WHERE x.id = ANY (release_runs.run_ids) AND x.status = 'running' AND x.worker = release_runs.worker;
+    GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        PERFORM pg_notify('dispatch', 'released');
+    END IF;
+    RETURN released;
+END
 $$;
 COMMENT ON FUNCTION dispatch.release_runs(text, bigint[]) IS
     'Hand runs that worker claimed but never invoked back to pending, giving back the attempt; returns how many. Used by a listener that shuts down.';
 
 CREATE FUNCTION dispatch.next_due_at()
 RETURNS timestamptz
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT min(next_run_at) FROM dispatch.schedules WHERE next_run_at > now()
+BEGIN
+    RETURN (SELECT min(next_run_at) FROM dispatch.schedules WHERE next_run_at > now());
+END
 $$;
 COMMENT ON FUNCTION dispatch.next_due_at() IS
     'The earliest future next_run_at of a live schedule: when a listener should next call dispatch.tick().';
@@ -280,6 +299,8 @@ COMMENT ON FUNCTION dispatch.next_due_at() IS
 CREATE FUNCTION dispatch._schedule_skip_pending()
 RETURNS trigger
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r dispatch.runs;

@@ -1,9 +1,10 @@
--- Registering the pg_cron job. pg_cron lives in one database per cluster
+-- Registering the pg_cron jobs: dispatch-tick, and dispatch-prune (dispatch.prune comes in 0005). pg_cron lives in one database per cluster
 -- (cron.database_name); when that is not this one, sql/pg_cron.sql is run there instead.
 
 CREATE FUNCTION dispatch.register_cron_job()
 RETURNS text
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     cron_db text := current_setting('cron.database_name', true);
@@ -18,22 +19,24 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
         -- cron.schedule updates a job of the same name, so this is idempotent.
         EXECUTE $sql$SELECT cron.schedule('dispatch-tick', '* * * * *', 'SELECT dispatch.tick()')$sql$;
-        msg := format('pg_cron job dispatch-tick registered in database %s: SELECT dispatch.tick() every minute',
-                      current_database());
+        EXECUTE $sql$SELECT cron.schedule('dispatch-prune', '*/10 * * * *', 'CALL dispatch.prune()')$sql$;
+        msg := format('pg_cron jobs dispatch-tick (SELECT dispatch.tick() every minute) and dispatch-prune '
+                      '(CALL dispatch.prune() every 10 minutes) registered in database %s', current_database());
     ELSIF cron_db = current_database() THEN
         msg := format('pg_cron is loaded for this database (%s) but the extension is not created: '
                       'as a superuser run CREATE EXTENSION pg_cron, then install again', cron_db);
     ELSIF cron_db IS NOT NULL THEN
-        msg := format('pg_cron lives in database %s: register the tick there with '
+        msg := format('pg_cron lives in database %s: register the jobs there with '
                       'psql -d %s -v dispatch_db=%s -f sql/pg_cron.sql', cron_db, cron_db, current_database());
     ELSE
-        msg := 'pg_cron is not loaded (shared_preload_libraries): nothing calls dispatch.tick() every minute. '
-               'Listeners still tick on their own timers; to add the safety net install postgresql-15-cron, '
-               'add pg_cron to shared_preload_libraries, restart, and install again.';
+        msg := 'pg_cron is not loaded (shared_preload_libraries): nothing calls dispatch.tick() every minute '
+               'nor prunes old runs. Listeners still tick on their own timers; to add the safety net install '
+               'postgresql-15-cron, add pg_cron to shared_preload_libraries, restart, and install again '
+               '(or CALL dispatch.prune() from another scheduler).';
     END IF;
     RAISE NOTICE '%', msg;
     RETURN msg;
 END
 $$;
 COMMENT ON FUNCTION dispatch.register_cron_job() IS
-    'Register (or update) the pg_cron job dispatch-tick when pg_cron is installed in this database; otherwise say what to do. Returns what it did.';
+    'Register (or update) the pg_cron jobs dispatch-tick and dispatch-prune when pg_cron is installed in this database; otherwise say what to do. Returns what it did.';

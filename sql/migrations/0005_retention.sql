@@ -21,76 +21,67 @@ INSERT INTO dispatch.settings DEFAULT VALUES;
 -- Runs are inserted in time order, so a BRIN index finds the old ones for almost no upkeep.
 CREATE INDEX runs_created_at_brin_idx ON dispatch.runs USING brin (created_at);
 
+CREATE FUNCTION dispatch._prune_runs()
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    -- finished_at >= created_at, so the BRIN bound only narrows the scan
+    DELETE FROM dispatch.runs
+    WHERE id IN (SELECT r.id FROM dispatch.runs r, dispatch.settings cfg
+                 WHERE r.created_at < now() - cfg.runs_retention
+                   AND r.finished_at < now() - cfg.runs_retention
+                 LIMIT (SELECT prune_batch_size FROM dispatch.settings));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+CREATE FUNCTION dispatch._prune_audit()
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    DELETE FROM dispatch.audit_log
+    WHERE id IN (SELECT a.id FROM dispatch.audit_log a, dispatch.settings cfg
+                 WHERE a.at < now() - cfg.audit_retention
+                 LIMIT (SELECT prune_batch_size FROM dispatch.settings));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+-- The deleting is done by the two functions above, one batch a call; this procedure only
+-- commits between batches (small transactions: no long lock, no bloat wave). PostgreSQL
+-- forbids transaction control in a procedure with a SET clause or SECURITY DEFINER, so this one
+-- has neither and qualifies its few operators instead.
 CREATE PROCEDURE dispatch.prune(INOUT runs_deleted bigint DEFAULT 0, INOUT audit_deleted bigint DEFAULT 0)
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    cfg dispatch.settings;
     n bigint;
 BEGIN
-    SELECT * INTO STRICT cfg FROM dispatch.settings;
     LOOP
-        -- finished_at >= created_at, so the BRIN bound only narrows the scan
-        DELETE FROM dispatch.runs
-        WHERE id IN (SELECT id FROM dispatch.runs
-                     WHERE created_at < now() - cfg.runs_retention
-                       AND finished_at < now() - cfg.runs_retention
-                     LIMIT cfg.prune_batch_size);
-        GET DIAGNOSTICS n = ROW_COUNT;
-        runs_deleted := runs_deleted + n;
-        COMMIT;  -- small transactions: no long lock or bloat wave
-        EXIT WHEN n < cfg.prune_batch_size;
+        n := dispatch._prune_runs();
+        runs_deleted := runs_deleted OPERATOR(pg_catalog.+) n;
+        COMMIT;
+        EXIT WHEN n OPERATOR(pg_catalog.=) 0;
     END LOOP;
     LOOP
-        DELETE FROM dispatch.audit_log
-        WHERE id IN (SELECT id FROM dispatch.audit_log
-                     WHERE at < now() - cfg.audit_retention
-                     LIMIT cfg.prune_batch_size);
-        GET DIAGNOSTICS n = ROW_COUNT;
-        audit_deleted := audit_deleted + n;
+        n := dispatch._prune_audit();
+        audit_deleted := audit_deleted OPERATOR(pg_catalog.+) n;
         COMMIT;
-        EXIT WHEN n < cfg.prune_batch_size;
+        EXIT WHEN n OPERATOR(pg_catalog.=) 0;
     END LOOP;
 END
 $$;
 COMMENT ON PROCEDURE dispatch.prune(bigint, bigint) IS
     'Delete finished runs and audit rows older than dispatch.settings'' retention, prune_batch_size rows per transaction; pending and running runs are kept. Run every 10 minutes by the pg_cron job dispatch-prune. Returns how many rows it deleted.';
-
-CREATE OR REPLACE FUNCTION dispatch.register_cron_job()
-RETURNS text
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    cron_db text := current_setting('cron.database_name', true);
-    msg text;
-BEGIN
-    IF cron_db = current_database()
-       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')
-       AND (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
-        CREATE EXTENSION pg_cron;
-    END IF;
-
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
-        -- cron.schedule updates a job of the same name, so this is idempotent.
-        EXECUTE $sql$SELECT cron.schedule('dispatch-tick', '* * * * *', 'SELECT dispatch.tick()')$sql$;
-        EXECUTE $sql$SELECT cron.schedule('dispatch-prune', '*/10 * * * *', 'CALL dispatch.prune()')$sql$;
-        msg := format('pg_cron jobs dispatch-tick (SELECT dispatch.tick() every minute) and dispatch-prune '
-                      '(CALL dispatch.prune() every 10 minutes) registered in database %s', current_database());
-    ELSIF cron_db = current_database() THEN
-        msg := format('pg_cron is loaded for this database (%s) but the extension is not created: '
-                      'as a superuser run CREATE EXTENSION pg_cron, then install again', cron_db);
-    ELSIF cron_db IS NOT NULL THEN
-        msg := format('pg_cron lives in database %s: register the jobs there with '
-                      'psql -d %s -v dispatch_db=%s -f sql/pg_cron.sql', cron_db, cron_db, current_database());
-    ELSE
-        msg := 'pg_cron is not loaded (shared_preload_libraries): nothing calls dispatch.tick() every minute '
-               'nor prunes old runs. Listeners still tick on their own timers; to add the safety net install '
-               'postgresql-15-cron, add pg_cron to shared_preload_libraries, restart, and install again '
-               '(or CALL dispatch.prune() from another scheduler).';
-    END IF;
-    RAISE NOTICE '%', msg;
-    RETURN msg;
-END
-$$;
-COMMENT ON FUNCTION dispatch.register_cron_job() IS
-    'Register (or update) the pg_cron jobs dispatch-tick and dispatch-prune when pg_cron is installed in this database; otherwise say what to do. Returns what it did.';

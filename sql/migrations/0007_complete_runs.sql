@@ -11,6 +11,8 @@ CREATE FUNCTION dispatch.complete_runs(
 )
 RETURNS TABLE (run_id bigint, recorded boolean, advanced boolean)
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM unnest(complete_runs.statuses) s WHERE s IS NULL OR s NOT IN ('ok', 'error'))
