@@ -61,24 +61,29 @@ def _cluster(command: str, folder: Path) -> str:
 
 
 def _prepare_database(port: str) -> str:
-    """Create the demo database, install the schema, register the pg_cron job; return its URL."""
+    """Create a fresh demo database, install the schema, register the pg_cron jobs; return its
+    URL. Each demo starts from scratch: what an earlier run left would only confuse."""
     admin = f"postgresql://postgres@127.0.0.1:{port}/postgres"
     url = f"postgresql://postgres@127.0.0.1:{port}/{DEMO_DATABASE}"
     with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DEMO_DATABASE,)).fetchone():
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DEMO_DATABASE)))
+        name = sql.Identifier(DEMO_DATABASE)
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
     for line in install(url):
         _say(f"  install    {line}")
     # pg_cron lives in the database `postgres` of this cluster (cron.database_name): register
-    # the job there, running in the demo database, as sql/pg_cron.sql does.
+    # the jobs there, running in the demo database, as sql/pg_cron.sql does.
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(
-            "SELECT cron.schedule_in_database('dispatch-tick', '* * * * *', 'SELECT dispatch.tick()', %s)",
-            (DEMO_DATABASE,),
-        )
-    _say(f"  install    pg_cron job dispatch-tick registered in database postgres for {DEMO_DATABASE}")
+        for job, cron, command in [
+            ("dispatch-tick", "* * * * *", "SELECT dispatch.tick()"),
+            ("dispatch-prune", "*/10 * * * *", "CALL dispatch.prune()"),
+        ]:
+            conn.execute(
+                "SELECT cron.schedule_in_database(%s, %s, %s, %s)", (job, cron, command, DEMO_DATABASE)
+            )
+    _say(f"  install    pg_cron jobs dispatch-tick and dispatch-prune registered in database postgres"
+         f" for {DEMO_DATABASE}")
     with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
-        conn.execute("DELETE FROM dispatch.schedules WHERE project_id = %s", (DEMO_PROJECT,))
         for function, cron, tz, args, _ in DEMO_SCHEDULES:
             conn.execute(
                 "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, timezone, args)"
