@@ -1,0 +1,131 @@
+-- The chaos suite's verdict, computed in the chaos database once the run has drained.
+-- Inputs: dispatch.* (what the dispatcher recorded), chaos.requests (what the sink saw, loaded
+-- from its record file), chaos.claims (every claim, written by a trigger on dispatch.runs),
+-- chaos.faults (what the harness injected, when), chaos.params (base slot, last slot, lease).
+-- Output: one row per figure (name, value).
+
+CREATE TEMP VIEW final_request AS
+-- The request that answered a run's last attempt: the outcome recorded must match it.
+SELECT DISTINCT ON (r.id) r.id AS rid, q.key, q.worker, q.decision, q.arrived, q.answered
+FROM dispatch.runs r
+JOIN chaos.requests q ON q.request_id = r.request_id AND q.attempt = r.attempt
+ORDER BY r.id, q.arrived DESC;
+
+CREATE TEMP VIEW verdict AS
+SELECT r.id, r.status, r.error, r.http_status, f.decision, f.answered,
+       EXISTS (SELECT 1 FROM chaos.requests q WHERE q.request_id = r.request_id) AS invoked,
+       CASE
+           WHEN r.status IN ('pending', 'running') THEN 'unfinished'
+           WHEN r.status IN ('skipped', 'lost') THEN r.status
+           -- no request reached the sink on the last attempt: only a connection error is right
+           WHEN f.rid IS NULL THEN
+               CASE WHEN r.status = 'error' AND r.error LIKE 'connection %' THEN 'sink_unreachable'
+                    ELSE 'no_invocation' END
+           -- a hang is never answered in time: the listener gave up and closed the connection
+           WHEN f.decision = 'hang' THEN
+               CASE WHEN r.status = 'error' AND r.error LIKE 'timeout:%' THEN 'agrees' ELSE 'disagrees' END
+           WHEN f.answered IS NULL OR f.decision = 'reset' THEN
+               -- the sink was killed mid-answer, or reset the connection on purpose
+               CASE WHEN r.status = 'error' AND r.http_status IS NULL AND r.error LIKE 'connection %'
+                    THEN 'agrees' ELSE 'disagrees' END
+           WHEN f.decision IN ('ok', 'slow') THEN
+               CASE WHEN r.status = 'ok' AND r.http_status = 200 THEN 'agrees' ELSE 'disagrees' END
+           WHEN f.decision = 'fail' THEN
+               CASE WHEN r.status = 'error' AND r.http_status = 500
+                         AND r.error = 'chaos_failure: the sink failed on purpose'
+                    THEN 'agrees' ELSE 'disagrees' END
+           ELSE 'disagrees'
+       END AS fate
+FROM dispatch.runs r
+LEFT JOIN final_request f ON f.rid = r.id;
+
+CREATE TEMP VIEW extra_request AS
+-- Every request of a run other than the one that answered its recorded attempt.
+SELECT q.*, r.id AS rid
+FROM chaos.requests q
+JOIN dispatch.runs r ON r.request_id = q.request_id
+WHERE NOT EXISTS (SELECT 1 FROM final_request f WHERE f.rid = r.id AND f.key = q.key);
+
+CREATE TEMP VIEW unexplained_extra AS
+-- An earlier invocation whose outcome was not recorded must have met a fault that can stop a
+-- record: its listener killed, its sessions terminated, or a database restart, between its claim
+-- (at most a lease before it arrived) and its lease's end (at most a lease after).
+SELECT e.*
+FROM extra_request e, chaos.params p
+WHERE NOT EXISTS (
+    SELECT 1 FROM chaos.faults f
+    WHERE (f.kind LIKE 'restart%' OR (f.kind IN ('kill', 'terminate') AND f.target = e.worker))
+      AND f.at <= e.arrived + p.lease_s + 1
+      AND coalesce(f.until, f.at) >= e.arrived - p.lease_s - 1
+);
+
+SELECT 'schedules' AS figure, count(*)::text AS value FROM dispatch.schedules
+UNION ALL
+SELECT 'slots expected', (SELECT count(*) FROM dispatch.schedules) * (p.minutes + 1) || '' FROM chaos.params p
+UNION ALL
+SELECT 'slots marked', count(*)::text FROM dispatch.runs
+UNION ALL
+SELECT 'slots missing or extra (gaps in a schedule''s minutes)', count(*)::text
+FROM (
+    SELECT s.id
+    FROM dispatch.schedules s
+    CROSS JOIN chaos.params p
+    LEFT JOIN dispatch.runs r ON r.schedule_id = s.id
+    GROUP BY s.id, p.minutes, p.base, p.last_slot
+    HAVING count(r.id) <> p.minutes + 1 OR min(r.scheduled_for) <> p.base OR max(r.scheduled_for) <> p.last_slot
+) x
+UNION ALL
+SELECT 'slots invoked', count(*) FILTER (WHERE invoked)::text FROM verdict
+UNION ALL
+SELECT 'requests received by the sink', count(*)::text FROM chaos.requests
+UNION ALL
+SELECT 'runs ok / error', count(*) FILTER (WHERE status = 'ok') || ' / ' || count(*) FILTER (WHERE status = 'error')
+FROM dispatch.runs
+UNION ALL
+SELECT 'runs that found the sink unreachable (connection error, no request)',
+       count(*) FILTER (WHERE fate = 'sink_unreachable')::text FROM verdict
+UNION ALL
+SELECT 'slots lost (unfinished, or finished with no invocation)',
+       count(*) FILTER (WHERE fate IN ('unfinished', 'no_invocation'))::text FROM verdict
+UNION ALL
+SELECT 'runs given up (status lost after max_attempts) or skipped',
+       count(*) FILTER (WHERE fate IN ('lost', 'skipped'))::text FROM verdict
+UNION ALL
+SELECT 'runs whose status disagrees with the sink', count(*) FILTER (WHERE fate = 'disagrees')::text FROM verdict
+UNION ALL
+SELECT 'slots invoked more than once',
+       count(*)::text FROM (SELECT request_id FROM chaos.requests GROUP BY request_id HAVING count(*) > 1) d
+UNION ALL
+SELECT 'extra invocations (beyond the recorded one)', count(*)::text FROM extra_request
+UNION ALL
+SELECT 'extra invocations with no kill, terminate or restart to explain them', count(*)::text FROM unexplained_extra
+UNION ALL
+SELECT 'same attempt invoked twice', count(*)::text
+FROM (SELECT 1 FROM chaos.requests GROUP BY request_id, attempt HAVING count(*) > 1) d
+UNION ALL
+SELECT 'slots invoked under more than one request id', count(*)::text
+FROM (SELECT 1 FROM chaos.requests GROUP BY schedule_id, slot HAVING count(DISTINCT request_id) > 1) d
+UNION ALL
+SELECT 'requests whose request id, slot or schedule is not their run''s', count(*)::text
+FROM chaos.requests q
+LEFT JOIN dispatch.runs r ON r.request_id = q.request_id AND r.schedule_id = q.schedule_id
+                          AND r.scheduled_for = q.slot AND r.id = q.run_id
+WHERE r.id IS NULL
+UNION ALL
+SELECT 'finished runs', count(*)::text FROM dispatch.runs WHERE status NOT IN ('pending', 'running')
+UNION ALL
+SELECT 'run audit rows', count(*)::text FROM dispatch.audit_log WHERE action LIKE 'schedule.run.%'
+UNION ALL
+SELECT 'finished runs without exactly one matching audit row', count(*)::text
+FROM dispatch.runs r
+WHERE r.status NOT IN ('pending', 'running')
+  AND (SELECT count(*) FROM dispatch.audit_log a
+       WHERE a.action = 'schedule.run.' || r.status AND (a.metadata ->> 'runId')::bigint = r.id
+         AND a.metadata ->> 'requestId' = r.request_id) <> 1
+UNION ALL
+SELECT 'schedules left stuck (next_run_at not one minute past the last slot, or a run open)', count(*)::text
+FROM dispatch.schedules s, chaos.params p
+WHERE s.next_run_at IS DISTINCT FROM p.last_slot + interval '1 minute'
+   OR EXISTS (SELECT 1 FROM dispatch.runs r WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running'))
+UNION ALL
+SELECT 'claims', count(*)::text FROM chaos.claims;

@@ -1,0 +1,655 @@
+"""The chaos suite: real PostgreSQL, real listeners, a counting sink, and faults at random moments.
+
+    .venv/bin/python -m chaos.run --profile quick|full [--seed N] [--keep]
+
+What it runs (all of it its own, in ``.pgdata/chaos`` unless ``--dir`` says otherwise):
+
+- a private PostgreSQL cluster (``scripts/pg-cluster``), a database ``chaos`` with ``sql/install.sql``
+  and a harness-only schema ``chaos`` (a trigger on dispatch.runs that records every claim);
+- the counting sink (``chaos.sink``) in its own process, recording every request;
+- several ``pgdispatch listen`` processes, each with its own URL prefix (``/w/<worker id>/...``) so
+  the sink knows who called;
+- a driver that moves simulated time forward.
+
+How simulated time is driven. Every schedule is ``* * * * *`` in UTC and its ``next_run_at`` is set
+to ``base`` = the next whole minute plus one day, so every slot lies in the real future. The driver
+calls ``dispatch.tick(horizon)`` a few times a second, the horizon moving one minute every
+``minute_s`` seconds from ``base`` to ``last_slot = base + minutes``. Since each slot is later
+than the real ``now()``, complete_run advances a schedule to ``cron_next(max(slot, now())) =
+slot + 1 minute``: no slot is ever skipped, and a schedule is marked again at the first tick after
+its run finished. So the expected fate of every slot is known: each schedule must end with exactly
+the runs ``base, base + 1 min, ..., last_slot``, each finished, and ``next_run_at = last_slot + 1
+min``. The listeners' own ticks (real clock) mark nothing and only expire leases. After the last
+minute the driver keeps ticking until every run is finished (the drain), then the listeners are
+stopped with SIGTERM and the verdict is computed (chaos/analysis.sql).
+
+Faults, at random moments (seeded): kill -9 of a listener that has a request in flight at the
+sink (a new listener is started at once), pg_terminate_backend of a listener's sessions (found by
+application_name 'pgdispatch <worker id>'; the LISTEN session included every other time),
+``pg_ctl restart -m fast`` and once ``-m immediate``, and sink windows: answers 500, hangs past the
+timeout, connection resets, slow answers, and the sink process killed and restarted a few
+seconds later (down).
+
+Exit status: 0 when every invariant holds, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+__all__ = ["PROFILES", "Profile", "Result", "run_chaos"]
+
+ROOT = Path(__file__).resolve().parent.parent
+PGBIN = Path(os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin"))
+PGDISPATCH = Path(sys.executable).parent / "pgdispatch"
+DBNAME = "chaos"
+BASELINE_MODE = {"fail": 0.02, "slow": 0.03}
+WINDOW_MODES = {"sink_fail": {"fail": 0.6}, "sink_hang": {"hang": 0.25}, "sink_reset": {"reset": 0.3},
+                "sink_slow": {"slow": 0.7}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    schedules: int
+    minutes: int  # slots per schedule = minutes + 1
+    minute_s: float  # wall seconds per simulated minute
+    listeners: int = 3
+    concurrency: int = 32
+    timeout_s: float = 2.0
+    lease_s: float = 4.0
+    kills: int = 3
+    terminates: int = 2
+    restarts_fast: int = 1
+    restarts_immediate: int = 1
+    sink_windows: int = 1  # of each kind: fail, hang, reset, slow
+    sink_downs: int = 1
+    window_s: float = 4.0
+    down_s: float = 3.0
+    drain_s: float = 120.0
+    resume_goal_s: float = 5.0
+
+
+PROFILES = {
+    "quick": Profile(schedules=300, minutes=40, minute_s=1.0),
+    "full": Profile(schedules=2000, minutes=120, minute_s=6.0, kills=24, terminates=12, restarts_fast=3,
+                    restarts_immediate=1, sink_windows=4, sink_downs=3, drain_s=300.0),
+}
+
+
+@dataclass
+class Result:
+    figures: dict[str, str]
+    failures: list[str]
+    wall_s: float
+    resume_s: list[float] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def _log(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _as_owner(*cmd: str) -> list[str]:
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else list(cmd)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Cluster:
+    """The harness's own PostgreSQL cluster, via scripts/pg-cluster."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = 0
+
+    def start(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        out = subprocess.run([str(ROOT / "scripts" / "pg-cluster"), "start", str(self.folder)],
+                             check=True, capture_output=True, text=True)
+        self.port = int(out.stdout.strip())
+
+    def stop(self) -> None:
+        subprocess.run([str(ROOT / "scripts" / "pg-cluster"), "stop", str(self.folder)], check=False,
+                       capture_output=True)
+
+    def restart(self, mode: str) -> None:
+        subprocess.run(_as_owner(str(PGBIN / "pg_ctl"), "-D", str(self.folder / "data"), "-l",
+                                 str(self.folder / "server.log"), "-w", "-t", "60", "-m", mode, "restart"),
+                       check=True, capture_output=True)
+
+    def url(self, dbname: str = DBNAME) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def psql(self, *args: str) -> None:
+        subprocess.run([str(PGBIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", self.url(), *args],
+                       check=True, capture_output=True, text=True)
+
+
+class SinkProcess:
+    def __init__(self, workdir: Path, hang_s: float) -> None:
+        self.port = _free_port()
+        self.control_port = _free_port()
+        self.record = workdir / "sink-requests.tsv"
+        self.record.unlink(missing_ok=True)
+        self.log = workdir / "sink.log"
+        self.hang_s = hang_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.mode: dict[str, float] = dict(BASELINE_MODE)
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "chaos.sink", "--port", str(self.port), "--control-port",
+                 str(self.control_port), "--record", str(self.record), "--hang", str(self.hang_s)],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=log,
+            )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        self.proc.stdout.close()  # the sink writes nothing more there
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the sink did not start (see {self.log})")
+        self.set_mode(self.mode)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def _call(self, path: str, data: bytes | None = None) -> Any:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.control_port}{path}", data=data,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+            return json.loads(response.read())
+
+    def set_mode(self, mode: dict[str, float]) -> None:
+        self.mode = mode
+        if self.proc is not None and self.proc.poll() is None:
+            self._call("/mode", json.dumps(mode).encode())
+
+    def inflight(self) -> dict[str, int]:
+        try:
+            result: dict[str, int] = self._call("/inflight")
+        except OSError:
+            return {}
+        return result
+
+
+@dataclass
+class ListenerProcess:
+    worker: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    started: float
+    killed: bool = False
+
+
+class Harness:
+    def __init__(self, profile: Profile, folder: Path, seed: int) -> None:
+        self.profile = profile
+        self.folder = folder
+        self.rng = random.Random(seed)
+        self.cluster = Cluster(folder)
+        self.workdir = folder / "run"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.sink = SinkProcess(self.workdir, hang_s=profile.timeout_s + 3)
+        self.listeners: list[ListenerProcess] = []
+        self.next_worker = 1
+        self.faults: list[tuple[str, str, float, float | None]] = []
+        self.restarts: list[tuple[float, float]] = []  # (began, up again)
+        self.crashed: list[str] = []
+        self.lock = threading.Lock()
+        self.windows: dict[str, dict[str, float]] = {}
+        self.stop_faults = threading.Event()
+        self.kills_in_flight = 0
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        self.cluster.start()
+        with psycopg.connect(self.cluster.url("postgres"), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {DBNAME} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {DBNAME}")
+        self.cluster.psql("-f", str(ROOT / "sql" / "install.sql"))
+        self.cluster.psql("-f", str(Path(__file__).with_name("schema.sql")))
+        p = self.profile
+        with psycopg.connect(self.cluster.url(), autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO dispatch.schedules"
+                " (project_id, function_name, cron_expression, args, max_attempts)"
+                " SELECT 'p' || (i %% 10), 'f', '* * * * *', jsonb_build_object('i', i), 10"
+                " FROM generate_series(1, %s) i", (p.schedules,))
+            conn.execute(
+                "INSERT INTO chaos.params (base, last_slot, minutes, lease_s)"
+                " SELECT b, b + make_interval(mins => %s), %s, %s"
+                " FROM (SELECT date_trunc('minute', now()) + interval '1 day 1 minute' AS b) x",
+                (p.minutes, p.minutes, p.lease_s))
+            conn.execute("UPDATE dispatch.schedules SET next_run_at = (SELECT base FROM chaos.params)")
+            row = conn.execute("SELECT base, last_slot FROM chaos.params").fetchone()
+            assert row is not None
+            self.base: datetime = row[0]
+        self.sink.start()
+
+    # -- listeners -------------------------------------------------------------------------
+
+    def start_listener(self) -> ListenerProcess:
+        p = self.profile
+        worker = f"chaos-{self.next_worker}"
+        self.next_worker += 1
+        log = self.workdir / f"{worker}.log"
+        template = f"http://127.0.0.1:{self.sink.port}/w/{worker}/projects/{{project_id}}/functions/{{function_name}}"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [str(PGDISPATCH), "listen", "--database-url", self.cluster.url(), "--invoke-url", template,
+                 "--worker-id", worker, "--concurrency", str(p.concurrency), "--timeout", str(p.timeout_s),
+                 "--lease", str(p.lease_s), "--sweep-interval", "1", "--grace-period", "5"],
+                stdout=out, stderr=subprocess.STDOUT,
+            )
+        listener = ListenerProcess(worker, proc, log, time.time())
+        with self.lock:
+            self.listeners.append(listener)
+        return listener
+
+    def alive(self) -> list[ListenerProcess]:
+        return [item for item in self.listeners if not item.killed and item.proc.poll() is None]
+
+    def watch_listeners(self) -> None:
+        """A listener that exits on its own is a failure; it is replaced so the run goes on."""
+        with self.lock:
+            gone = [item for item in self.listeners if not item.killed and item.proc.poll() is not None]
+            for item in gone:
+                item.killed = True
+                self.crashed.append(f"{item.worker} exited with {item.proc.returncode}")
+        for item in gone:
+            _log(f"listener {item.worker} exited on its own ({item.proc.returncode}); starting another")
+            self.start_listener()
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def _record(self, kind: str, target: str, at: float, until: float | None = None) -> None:
+        with self.lock:
+            self.faults.append((kind, target, at, until))
+
+    def fault_plan(self, duration_s: float) -> list[tuple[float, str]]:
+        p = self.profile
+        kinds = (["kill"] * p.kills + ["terminate"] * p.terminates + ["restart_fast"] * p.restarts_fast
+                 + ["restart_immediate"] * p.restarts_immediate + ["sink_down"] * p.sink_downs
+                 + [kind for kind in WINDOW_MODES for _ in range(p.sink_windows)])
+        # Spread over 10%..85% of the run: a stratified draw, so faults do not all bunch up.
+        self.rng.shuffle(kinds)
+        span = 0.75 * duration_s / max(1, len(kinds))
+        return [(0.1 * duration_s + (i + self.rng.random()) * span, kind) for i, kind in enumerate(kinds)]
+
+    def inject(self, kind: str) -> None:
+        if kind == "kill":
+            self.kill_one()
+        elif kind == "terminate":
+            self.terminate_one()
+        elif kind.startswith("restart_"):
+            mode = kind.removeprefix("restart_")
+            began = time.time()
+            self.cluster.restart(mode)
+            up = time.time()
+            self.restarts.append((began, up))
+            self._record(kind, "", began, up)
+            _log(f"PostgreSQL restarted -m {mode} in {up - began:.1f} s")
+        elif kind == "sink_down":
+            began = time.time()
+            self.sink.kill()
+            _log(f"sink down for {self.profile.down_s:g} s")
+            time.sleep(self.profile.down_s)
+            self.sink.start()
+            self._record(kind, "", began, time.time())
+        else:
+            began = time.time()
+            self.windows[kind] = WINDOW_MODES[kind]
+            self._apply_mode()
+            _log(f"{kind} for {self.profile.window_s:g} s")
+            threading.Timer(self.profile.window_s, self._end_window, (kind, began)).start()
+
+    def _end_window(self, kind: str, began: float) -> None:
+        self.windows.pop(kind, None)
+        self._apply_mode()
+        self._record(kind, "", began, time.time())
+
+    def _apply_mode(self) -> None:
+        mode = dict(BASELINE_MODE)
+        for window in self.windows.values():
+            mode.update(window)
+        with contextlib.suppress(OSError):
+            self.sink.set_mode(mode)
+
+    def kill_one(self) -> None:
+        # Mid-invocation: pick a listener the sink is answering right now (wait a little for one).
+        deadline = time.monotonic() + 3
+        victim: ListenerProcess | None = None
+        busy = False
+        while victim is None and time.monotonic() < deadline:
+            inflight = self.sink.inflight()
+            candidates = [item for item in self.alive() if inflight.get(item.worker)]
+            if candidates:
+                victim, busy = self.rng.choice(candidates), True
+            else:
+                time.sleep(0.02)
+        if victim is None:
+            candidates = self.alive()
+            if not candidates:
+                return
+            victim = self.rng.choice(candidates)
+        victim.killed = True
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        self.kills_in_flight += busy
+        self._record("kill", victim.worker, time.time())
+        replacement = self.start_listener()
+        note = " (requests in flight)" if busy else ""
+        _log(f"kill -9 {victim.worker}{note}; started {replacement.worker}")
+
+    def terminate_one(self) -> None:
+        candidates = self.alive()
+        if not candidates:
+            return
+        victim = self.rng.choice(candidates)
+        with_listen = sum(1 for kind, *_ in self.faults if kind == "terminate") % 2 == 0
+        try:
+            with psycopg.connect(self.cluster.url(), autocommit=True, connect_timeout=5) as conn:
+                rows = conn.execute(
+                    "SELECT pid, query = 'LISTEN dispatch' FROM pg_stat_activity WHERE application_name = %s",
+                    (f"pgdispatch {victim.worker}",)).fetchall()
+                chosen = [pid for pid, listening in rows if listening and with_listen]
+                others = [pid for pid, listening in rows if not listening]
+                chosen += self.rng.sample(others, k=max(1, len(others) // 2)) if others else []
+                for pid in chosen:
+                    conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        except psycopg.OperationalError as exc:
+            _log(f"terminate skipped: {exc}")
+            return
+        self._record("terminate", victim.worker, time.time())
+        _log(f"pg_terminate_backend: {len(chosen)} of {len(rows)} sessions of {victim.worker}"
+             f"{' (LISTEN included)' if with_listen else ''}")
+
+    def fault_loop(self, plan: list[tuple[float, str]], started: float) -> None:
+        for at, kind in plan:
+            while not self.stop_faults.is_set() and time.monotonic() - started < at:
+                time.sleep(0.05)
+            if self.stop_faults.is_set():
+                return
+            try:
+                self.inject(kind)
+            except Exception as exc:  # a fault that could not be injected is reported, not fatal
+                _log(f"fault {kind} failed: {exc!r}")
+                self._record(f"{kind}_failed", "", time.time())
+
+    # -- driving time ----------------------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        while True:
+            try:
+                return psycopg.connect(self.cluster.url(), autocommit=True, connect_timeout=3)
+            except psycopg.OperationalError:
+                time.sleep(0.1)
+
+    def drive(self) -> None:
+        p = self.profile
+        duration_s = (p.minutes + 1) * p.minute_s
+        plan = self.fault_plan(duration_s)
+        for _ in range(p.listeners):
+            self.start_listener()
+        conn = self._connect()
+        started = time.monotonic()
+        faults = threading.Thread(target=self.fault_loop, args=(plan, started), daemon=True)
+        faults.start()
+        last_report = started
+        drain_deadline: float | None = None
+        try:
+            while True:
+                elapsed = time.monotonic() - started
+                minute = min(p.minutes, int(elapsed / p.minute_s))
+                try:
+                    conn.execute("SELECT dispatch.tick(%s::timestamptz + make_interval(mins => %s))",
+                                 (self.base, minute))
+                    if elapsed >= duration_s:
+                        if drain_deadline is None:
+                            drain_deadline = time.monotonic() + p.drain_s
+                            self.stop_faults.set()
+                            faults.join()
+                            _log("last minute marked: draining")
+                        row = conn.execute(
+                            "SELECT (SELECT count(*) FROM dispatch.runs"
+                            "   WHERE status IN ('pending', 'running')),"
+                            " (SELECT count(*) FROM dispatch.schedules s, chaos.params p"
+                            "   WHERE s.next_run_at <= p.last_slot)").fetchone()
+                        assert row is not None
+                        if row == (0, 0):
+                            _log("drained")
+                            return
+                        if time.monotonic() > drain_deadline:
+                            _log(f"drain timed out: {row[0]} runs open, {row[1]} schedules not past the end")
+                            return
+                except psycopg.OperationalError:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                    conn = self._connect()
+                    continue
+                self.watch_listeners()
+                if time.monotonic() - last_report > 15:
+                    last_report = time.monotonic()
+                    with contextlib.suppress(psycopg.Error):
+                        counts = dict(conn.execute(
+                            "SELECT status, count(*) FROM dispatch.runs GROUP BY status").fetchall())
+                        _log(f"minute {minute}/{p.minutes}: {counts}")
+                time.sleep(0.2)
+        finally:
+            self.stop_faults.set()
+            conn.close()
+
+    # -- ending ----------------------------------------------------------------------------
+
+    def stop_listeners(self) -> list[str]:
+        problems = []
+        alive = self.alive()
+        for item in alive:
+            item.proc.send_signal(signal.SIGTERM)
+        for item in alive:
+            try:
+                code = item.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                item.proc.kill()
+                item.proc.wait()
+                code = -9
+            if code != 0:
+                problems.append(f"{item.worker} exited with {code} after SIGTERM")
+        return problems
+
+    def kill_everything(self) -> None:
+        for item in self.listeners:
+            if item.proc.poll() is None:
+                item.proc.kill()
+                item.proc.wait()
+        self.sink.stop()
+
+    def load_records(self, conn: psycopg.Connection[Any]) -> None:
+        arrived: dict[str, list[str]] = {}
+        answered: dict[str, str] = {}
+        with self.sink.record.open() as records:
+            for line in records:
+                fields = line.rstrip("\n").split("\t")
+                if fields[0] == "A" and len(fields) == 10:
+                    arrived[fields[1]] = fields[1:]
+                elif fields[0] == "D" and len(fields) == 3:
+                    answered[fields[1]] = fields[2]
+        with conn.cursor().copy(
+            "COPY chaos.requests (key, worker, request_id, schedule_id, slot, run_id, attempt, decision,"
+            " arrived, answered) FROM STDIN"
+        ) as copy:
+            for key, fields in arrived.items():
+                worker, request_id, schedule_id, slot, run_id, attempt, decision, at = fields[1:]
+                copy.write_row((key, worker, request_id, schedule_id or None, slot or None, run_id or None,
+                                attempt or None, decision, at, answered.get(key)))
+        with conn.cursor().copy("COPY chaos.faults (kind, target, at, until) FROM STDIN") as copy:
+            for fault in self.faults:
+                copy.write_row(fault)
+
+    def resume_times(self, conn: psycopg.Connection[Any]) -> list[float]:
+        """Per restart and per listener that lived through it: seconds from the database being up
+        again to that listener's first claim."""
+        times = []
+        kills = {target: at for kind, target, at, _ in self.faults if kind == "kill"}
+        for began, up in self.restarts:
+            for item in self.listeners:
+                if item.started > began or kills.get(item.worker, float("inf")) < up + 30:
+                    continue
+                row = conn.execute(
+                    "SELECT min(extract(epoch FROM at)) FROM chaos.claims WHERE worker = %s"
+                    " AND at >= to_timestamp(%s)", (item.worker, up)).fetchone()
+                first = row[0] if row else None
+                times.append(float("inf") if first is None else float(first) - up)
+        return times
+
+    def verdict(self, stop_problems: list[str], wall_s: float) -> Result:
+        with psycopg.connect(self.cluster.url(), autocommit=True) as conn:
+            self.load_records(conn)
+            statements = [part for part in Path(__file__).with_name("analysis.sql").read_text().split(";\n")
+                          if part.strip() and not all(line.startswith("--") or not line.strip()
+                                                      for line in part.splitlines())]
+            for statement in statements[:-1]:
+                conn.execute(statement)
+            rows = conn.execute(statements[-1]).fetchall()
+            examples = conn.execute(
+                "SELECT v.fate, coalesce(v.decision, '-'), coalesce(v.answered IS NOT NULL, false), v.status,"
+                " coalesce(v.http_status::text, '-'), left(coalesce(v.error, '-'), 70), count(*)"
+                " FROM verdict v WHERE v.fate NOT IN ('agrees', 'sink_unreachable')"
+                " GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 7 DESC LIMIT 10").fetchall()
+            resume = self.resume_times(conn)
+        figures = {name: value for name, value in rows}
+        for fate, decision, answered, status, http_status, error, count in examples:
+            label = f"  {fate}: sink {decision} (answered: {answered}) -> {status} {http_status} {error}"
+            figures[label] = str(count)
+        figures["listener kills (kill -9)"] = str(sum(1 for f in self.faults if f[0] == "kill"))
+        figures["kills with requests in flight at the sink"] = str(self.kills_in_flight)
+        figures["pg_terminate_backend rounds"] = str(sum(1 for f in self.faults if f[0] == "terminate"))
+        figures["PostgreSQL restarts (fast / immediate)"] = (
+            f"{sum(1 for f in self.faults if f[0] == 'restart_fast')} / "
+            f"{sum(1 for f in self.faults if f[0] == 'restart_immediate')}")
+        figures["sink windows (fail / hang / reset / slow / down)"] = " / ".join(
+            str(sum(1 for f in self.faults if f[0] == kind))
+            for kind in ("sink_fail", "sink_hang", "sink_reset", "sink_slow", "sink_down"))
+        figures["faults that could not be injected"] = str(
+            sum(1 for f in self.faults if f[0].endswith("_failed")))
+        figures["listeners that exited on their own"] = str(len(self.crashed))
+        finite = [t for t in resume if t != float("inf")]
+        figures["longest resume after a database restart (s)"] = (
+            "n/a" if not resume else ("never" if len(finite) < len(resume) else f"{max(finite):.2f}"))
+        figures["resume times after restarts (s)"] = ", ".join(f"{t:.2f}" for t in resume) or "n/a"
+        figures["wall time (s)"] = f"{wall_s:.0f}"
+
+        failures = []
+
+        def must_be(name: str, expected: str) -> None:
+            if figures.get(name) != expected:
+                failures.append(f"{name}: {figures.get(name)} (expected {expected})")
+
+        must_be("slots marked", figures["slots expected"])
+        must_be("slots missing or extra (gaps in a schedule's minutes)", "0")
+        must_be("slots lost (unfinished, or finished with no invocation)", "0")
+        must_be("runs given up (status lost after max_attempts) or skipped", "0")
+        must_be("runs whose status disagrees with the sink", "0")
+        must_be("extra invocations with no kill, terminate or restart to explain them", "0")
+        must_be("same attempt invoked twice", "0")
+        must_be("slots invoked under more than one request id", "0")
+        must_be("requests whose request id, slot or schedule is not their run's", "0")
+        must_be("run audit rows", figures["finished runs"])
+        must_be("finished runs without exactly one matching audit row", "0")
+        must_be("schedules left stuck (next_run_at not one minute past the last slot, or a run open)", "0")
+        must_be("listeners that exited on their own", "0")
+        if not resume or len(finite) < len(resume):
+            failures.append("a listener never resumed dispatching after a database restart")
+        elif max(finite) > self.profile.resume_goal_s:
+            failures.append(f"resume after a restart took {max(finite):.2f} s "
+                            f"(goal {self.profile.resume_goal_s:g} s)")
+        failures += stop_problems
+        return Result(figures, failures, wall_s, resume)
+
+
+def run_chaos(profile: Profile, *, folder: Path, seed: int, keep: bool = False) -> Result:
+    """Run the chaos suite once; everything it starts is stopped before it returns."""
+    started = time.monotonic()
+    harness = Harness(profile, folder, seed)
+    try:
+        harness.setup()
+        _log(f"cluster on port {harness.cluster.port}, sink on {harness.sink.port}, seed {seed}, "
+             f"{profile.schedules} schedules x {profile.minutes + 1} minutes")
+        harness.drive()
+        problems = harness.stop_listeners()
+        harness.sink.stop()
+        return harness.verdict(problems, time.monotonic() - started)
+    finally:
+        harness.kill_everything()
+        if not keep:
+            harness.cluster.stop()
+
+
+def print_result(result: Result, out: Any = sys.stdout) -> None:
+    width = max(len(name) for name in result.figures)
+    print("CHAOS FIGURES", file=out)
+    for name, value in result.figures.items():
+        print(f"  {name.ljust(width)}  {value}", file=out)
+    if result.ok:
+        print("CHAOS OK: every invariant holds", file=out)
+    else:
+        print("CHAOS FAILED:", file=out)
+        for failure in result.failures:
+            print(f"  - {failure}", file=out)
+    out.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaos.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="quick")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--dir", type=Path, default=ROOT / ".pgdata" / "chaos",
+                        help="folder of the harness's cluster and records (default .pgdata/chaos)")
+    parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    result = run_chaos(PROFILES[args.profile], folder=args.dir.resolve(), seed=seed, keep=args.keep)
+    print(f"profile {args.profile}, seed {seed}")
+    print_result(result)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
