@@ -299,7 +299,9 @@ class Listener:
         if not self._durations:
             return concurrency
         mean_s = max(self._durations_sum / len(self._durations), 0.001)
-        extra = min((PREFETCH_FACTOR - 1) * concurrency, int(concurrency * PREFETCH_WAIT_S / mean_s))
+        # A short lease margin over the timeout leaves queued runs less time to wait (see _worker).
+        wait_s = min(PREFETCH_WAIT_S, (self.settings.lease_s - self.settings.timeout_s) / 4)
+        extra = min((PREFETCH_FACTOR - 1) * concurrency, int(concurrency * wait_s / mean_s))
         return concurrency + max(0, extra)
 
     def _hand_back(self, run: Run) -> None:
