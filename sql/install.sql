@@ -29,10 +29,7 @@ SET client_min_messages = warning;
 \set name 0006_views
 \ir apply_migration.psql
 \set version 7
-\set name 0007_complete_runs
-\ir apply_migration.psql
-\set version 8
-\set name 0008_roles
+\set name 0007_roles
 \ir apply_migration.psql
 
 SELECT dispatch.register_cron_job() AS cron_status \gset

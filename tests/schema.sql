@@ -241,6 +241,23 @@ $$;
 
 
 --
+-- Name: _next_slot(dispatch.cron_spec, timestamp with time zone, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._next_slot(spec dispatch.cron_spec, after timestamp with time zone, tz text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN dispatch.cron_spec_next(spec, after, tz);
+EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'cannot compute the next slot of % in %: %', spec, tz, SQLERRM;
+    RETURN NULL;
+END
+$$;
+
+
+--
 -- Name: _prune_audit(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -372,52 +389,59 @@ COMMENT ON COLUMN dispatch.runs.error IS 'Why the run failed, was skipped or los
 
 
 --
--- Name: _run_finished(dispatch.runs); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _runs_finished(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._run_finished(r dispatch.runs) RETURNS boolean
+CREATE FUNCTION dispatch._runs_finished(finished dispatch.runs[]) RETURNS TABLE(run_id bigint, advanced boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE
-    s dispatch.schedules;
-    next_at timestamptz;
-    note text;
 BEGIN
-    SELECT * INTO s FROM dispatch.schedules WHERE id = r.schedule_id FOR UPDATE;
-    IF s.next_run_at = r.scheduled_for THEN
-        BEGIN
-            next_at := dispatch.cron_spec_next(s.cron_spec, greatest(r.scheduled_for, now()), s.timezone);
-        EXCEPTION WHEN OTHERS THEN
-            -- e.g. its zone vanished from the tz database: back off rather than wedge
-            next_at := now() + interval '1 hour';
-            note := left('cannot compute the next slot, retrying in 1 hour: ' || SQLERRM, 500);
-        END;
-        UPDATE dispatch.schedules
-        SET next_run_at = next_at,
-            last_run_at = coalesce(r.claimed_at, r.finished_at),
-            last_status = r.status,
-            last_error = coalesce(note, r.error)
-        WHERE id = s.id;
-    ELSE
-        UPDATE dispatch.schedules
-        SET last_run_at = coalesce(r.claimed_at, r.finished_at),
-            last_status = r.status,
-            last_error = r.error
-        WHERE id = s.id;
-    END IF;
-
-    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
-    VALUES (NULL, s.project_id, 'schedule.run.' || r.status,
-            jsonb_strip_nulls(jsonb_build_object(
-                'scheduleId', r.schedule_id,
-                'requestId', r.request_id,
-                'functionName', s.function_name,
-                'runId', r.id,
-                'scheduledFor', r.scheduled_for,
-                'attempt', r.attempt,
-                'error', r.error)));
-    RETURN coalesce(s.next_run_at = r.scheduled_for, false);
+    RETURN QUERY
+    WITH done AS (
+        SELECT * FROM unnest(_runs_finished.finished)
+    ), locked AS MATERIALIZED (
+        -- lock the schedules in id order (no deadlock with another batch or a bulk edit), then
+        -- compute each next slot once: a CTE that is not MATERIALIZED would be inlined per row
+        SELECT s.id, s.project_id, s.function_name, s.next_run_at, s.cron_spec, s.timezone
+        FROM dispatch.schedules s
+        WHERE s.id IN (SELECT d.schedule_id FROM done d)
+        ORDER BY s.id
+        FOR NO KEY UPDATE
+    ), nexts AS MATERIALIZED (
+        SELECT d.id, d.schedule_id, d.status, d.error, d.request_id, d.scheduled_for, d.attempt,
+               coalesce(d.claimed_at, d.finished_at) AS ran_at, l.project_id, l.function_name,
+               l.next_run_at = d.scheduled_for AS waiting,
+               CASE WHEN l.next_run_at = d.scheduled_for
+                    THEN dispatch._next_slot(l.cron_spec, greatest(d.scheduled_for, now()), l.timezone)
+               END AS next_at
+        FROM done d
+        JOIN locked l ON l.id = d.schedule_id
+    ), advance AS (
+        UPDATE dispatch.schedules s
+        SET next_run_at = CASE WHEN n.waiting THEN coalesce(n.next_at, now() + interval '1 hour')
+                               ELSE s.next_run_at END,
+            last_run_at = n.ran_at,
+            last_status = n.status,
+            last_error = CASE WHEN n.waiting AND n.next_at IS NULL
+                              THEN 'cannot compute the next slot (see the server log), retrying in 1 hour'
+                              ELSE n.error END
+        FROM nexts n
+        WHERE s.id = n.schedule_id
+    ), audit AS (
+        INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+        SELECT NULL, n.project_id, 'schedule.run.' || n.status,
+               jsonb_strip_nulls(jsonb_build_object(
+                   'scheduleId', n.schedule_id,
+                   'requestId', n.request_id,
+                   'functionName', n.function_name,
+                   'runId', n.id,
+                   'scheduledFor', n.scheduled_for,
+                   'attempt', n.attempt,
+                   'error', n.error))
+        FROM nexts n
+    )
+    SELECT n.id, coalesce(n.waiting, false) FROM nexts n;
 END
 $$;
 
@@ -521,18 +545,20 @@ CREATE FUNCTION dispatch._schedule_skip_pending() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    r dispatch.runs;
+    finished dispatch.runs[];
 BEGIN
-    FOR r IN
-        UPDATE dispatch.runs
+    WITH skipped AS (
+        UPDATE dispatch.runs x
         SET status = 'skipped', finished_at = now(),
             error = CASE WHEN NEW.deleted_at IS NOT NULL THEN 'schedule deleted before the run was claimed'
                          ELSE 'schedule disabled before the run was claimed' END
-        WHERE schedule_id = NEW.id AND status = 'pending'
-        RETURNING *
-    LOOP
-        PERFORM dispatch._run_finished(r);
-    END LOOP;
+        WHERE x.schedule_id = NEW.id AND x.status = 'pending'
+        RETURNING x
+    )
+    SELECT array_agg(k.x) INTO finished FROM skipped k;
+    IF finished IS NOT NULL THEN
+        PERFORM dispatch._runs_finished(finished);
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -660,24 +686,16 @@ CREATE PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN stat
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE
-    r dispatch.runs;
 BEGIN
     IF complete_run.status IS NULL OR complete_run.status NOT IN ('ok', 'error') THEN
         RAISE EXCEPTION 'status must be ok or error, not %', coalesce(quote_literal(complete_run.status), 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- Fenced on the worker: a listener whose lease expired cannot overwrite its successor.
-    UPDATE dispatch.runs x
-    SET status = complete_run.status,
-        finished_at = now(),
-        error = left(complete_run.error, 500),
-        http_status = complete_run.http_status,
-        duration_ms = complete_run.duration_ms
-    WHERE x.id = complete_run.run_id AND x.status = 'running' AND x.worker = complete_run.worker
-    RETURNING x.* INTO r;
-    recorded := FOUND;
-    advanced := recorded AND dispatch._run_finished(r);
+    -- One implementation of the transition: complete_runs, with a batch of one.
+    SELECT c.recorded, c.advanced INTO complete_run.recorded, complete_run.advanced
+    FROM dispatch.complete_runs(complete_run.worker, ARRAY[complete_run.run_id], ARRAY[complete_run.status],
+                                ARRAY[complete_run.error], ARRAY[complete_run.http_status],
+                                ARRAY[complete_run.duration_ms]) c;
 END
 $$;
 
@@ -697,68 +715,33 @@ CREATE FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], statuses t
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+    finished dispatch.runs[];
 BEGIN
     IF EXISTS (SELECT 1 FROM unnest(complete_runs.statuses) s WHERE s IS NULL OR s NOT IN ('ok', 'error'))
        OR cardinality(complete_runs.statuses) <> cardinality(complete_runs.run_ids) THEN
         RAISE EXCEPTION 'statuses must hold ok or error for each run id' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN QUERY
-    WITH input AS (
-        SELECT *
-        FROM unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
-                    complete_runs.http_statuses, complete_runs.durations_ms)
-             AS i(id, status, error, http_status, duration_ms)
-    ), done AS (
-        -- fenced on the worker, as in complete_run
+    -- fenced on the worker: a listener whose lease expired cannot overwrite its successor
+    WITH done AS (
         UPDATE dispatch.runs x
         SET status = i.status,
             finished_at = now(),
             error = left(i.error, 500),
             http_status = i.http_status,
             duration_ms = i.duration_ms
-        FROM input i
+        FROM unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
+                    complete_runs.http_statuses, complete_runs.durations_ms)
+             AS i(id, status, error, http_status, duration_ms)
         WHERE x.id = i.id AND x.status = 'running' AND x.worker = complete_runs.worker
-        RETURNING x.*
-    ), locked AS MATERIALIZED (
-        -- lock the schedules in id order (no deadlock with another batch or a bulk edit), then
-        -- compute each next slot once: a CTE that is not MATERIALIZED would be inlined per row
-        SELECT s.id, s.project_id, s.function_name, s.next_run_at, s.cron_spec, s.timezone
-        FROM dispatch.schedules s
-        WHERE s.id IN (SELECT d.schedule_id FROM done d)
-        ORDER BY s.id
-        FOR NO KEY UPDATE
-    ), nexts AS MATERIALIZED (
-        SELECT d.id, d.schedule_id, d.status, d.error, d.request_id, d.scheduled_for, d.attempt,
-               coalesce(d.claimed_at, d.finished_at) AS ran_at, l.project_id, l.function_name,
-               CASE WHEN l.next_run_at = d.scheduled_for
-                    THEN dispatch.cron_spec_next(l.cron_spec, greatest(d.scheduled_for, now()), l.timezone)
-               END AS next_at
-        FROM done d
-        JOIN locked l ON l.id = d.schedule_id
-    ), advance AS (
-        UPDATE dispatch.schedules s
-        SET next_run_at = coalesce(n.next_at, s.next_run_at),
-            last_run_at = n.ran_at,
-            last_status = n.status,
-            last_error = n.error
-        FROM nexts n
-        WHERE s.id = n.schedule_id
-    ), audit AS (
-        INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
-        SELECT NULL, n.project_id, 'schedule.run.' || n.status,
-               jsonb_strip_nulls(jsonb_build_object(
-                   'scheduleId', n.schedule_id,
-                   'requestId', n.request_id,
-                   'functionName', n.function_name,
-                   'runId', n.id,
-                   'scheduledFor', n.scheduled_for,
-                   'attempt', n.attempt,
-                   'error', n.error))
-        FROM nexts n
+        RETURNING x
     )
-    SELECT i.id, n.id IS NOT NULL, n.next_at IS NOT NULL
-    FROM input i
-    LEFT JOIN nexts n ON n.id = i.id;
+    SELECT array_agg(d.x) INTO finished FROM done d;
+    RETURN QUERY
+    SELECT i.id, f.run_id IS NOT NULL, coalesce(f.advanced, false)
+    FROM unnest(complete_runs.run_ids) WITH ORDINALITY AS i(id, n)
+    LEFT JOIN dispatch._runs_finished(coalesce(finished, '{}')) f ON f.run_id = i.id
+    ORDER BY i.n;
 END
 $$;
 
@@ -1089,7 +1072,7 @@ CREATE FUNCTION dispatch.expire_leases() RETURNS integer
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    r dispatch.runs;
+    finished dispatch.runs[];
     requeued integer;
 BEGIN
     -- Attempts left and the schedule still live: retry under the same request id.
@@ -1101,7 +1084,7 @@ BEGIN
       AND s.id = x.schedule_id AND x.attempt < s.max_attempts AND s.next_run_at IS NOT NULL;
     GET DIAGNOSTICS requeued = ROW_COUNT;
 
-    FOR r IN
+    WITH ended AS (
         UPDATE dispatch.runs x
         SET status = CASE WHEN s.next_run_at IS NULL THEN 'skipped' ELSE 'lost' END,
             finished_at = now(),
@@ -1111,10 +1094,12 @@ BEGIN
                          END, 500)
         FROM dispatch.schedules s
         WHERE x.status = 'running' AND x.lease_until < now() AND s.id = x.schedule_id
-        RETURNING x.*
-    LOOP
-        PERFORM dispatch._run_finished(r);
-    END LOOP;
+        RETURNING x
+    )
+    SELECT array_agg(e.x) INTO finished FROM ended e;
+    IF finished IS NOT NULL THEN
+        PERFORM dispatch._runs_finished(finished);
+    END IF;
     RETURN requeued;
 END
 $$;
@@ -1897,6 +1882,13 @@ GRANT ALL ON FUNCTION dispatch._next_bit(mask bigint, k integer) TO dispatch_adm
 
 
 --
+-- Name: FUNCTION _next_slot(spec dispatch.cron_spec, after timestamp with time zone, tz text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._next_slot(spec dispatch.cron_spec, after timestamp with time zone, tz text) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _prune_audit(); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -1920,10 +1912,10 @@ GRANT SELECT ON TABLE dispatch.runs TO dispatch_reader;
 
 
 --
--- Name: FUNCTION _run_finished(r dispatch.runs); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _runs_finished(finished dispatch.runs[]); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._run_finished(r dispatch.runs) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._runs_finished(finished dispatch.runs[]) FROM PUBLIC;
 
 
 --

@@ -6,7 +6,7 @@
 --                 lease expiry ────┘     or deleted        └─lease expiry, last attempt──► lost
 --
 -- Every finished run (ok, error, skipped, lost) gets exactly one audit row and the guarded
--- advance of its schedule, both in dispatch._run_finished.
+-- advance of its schedule, both in dispatch._runs_finished.
 
 CREATE TABLE dispatch.runs (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -57,54 +57,77 @@ CREATE INDEX runs_running_lease_idx ON dispatch.runs (lease_until) WHERE status 
 CREATE UNIQUE INDEX runs_one_open_per_schedule_key ON dispatch.runs (schedule_id)
     WHERE status IN ('pending', 'running');
 
--- The common tail of every finished run: advance the schedule if it still waits on this
--- slot (a user edit mid-flight wins), record last_*, write the audit row.
--- Returns whether the schedule advanced.
-CREATE FUNCTION dispatch._run_finished(r dispatch.runs)
-RETURNS boolean
+-- Where the next slot cannot be computed (its zone vanished from the tz database after an
+-- upgrade, say), NULL: the caller backs the schedule off instead of failing the whole batch.
+CREATE FUNCTION dispatch._next_slot(spec dispatch.cron_spec, after timestamptz, tz text)
+RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN dispatch.cron_spec_next(spec, after, tz);
+EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'cannot compute the next slot of % in %: %', spec, tz, SQLERRM;
+    RETURN NULL;
+END
+$$;
+
+-- The common tail of every finished run (ok, error, skipped, lost), for a batch: advance each
+-- schedule still waiting on its run's slot (a user edit mid-flight wins) to the first slot
+-- after max(scheduled_for, now()), record last_*, write one audit row per run.
+-- Returns each run's id and whether its schedule advanced.
+CREATE FUNCTION dispatch._runs_finished(finished dispatch.runs[])
+RETURNS TABLE (run_id bigint, advanced boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    s dispatch.schedules;
-    next_at timestamptz;
-    note text;
 BEGIN
-    SELECT * INTO s FROM dispatch.schedules WHERE id = r.schedule_id FOR UPDATE;
-    IF s.next_run_at = r.scheduled_for THEN
-        BEGIN
-            next_at := dispatch.cron_spec_next(s.cron_spec, greatest(r.scheduled_for, now()), s.timezone);
-        EXCEPTION WHEN OTHERS THEN
-            -- e.g. its zone vanished from the tz database: back off rather than wedge
-            next_at := now() + interval '1 hour';
-            note := left('cannot compute the next slot, retrying in 1 hour: ' || SQLERRM, 500);
-        END;
-        UPDATE dispatch.schedules
-        SET next_run_at = next_at,
-            last_run_at = coalesce(r.claimed_at, r.finished_at),
-            last_status = r.status,
-            last_error = coalesce(note, r.error)
-        WHERE id = s.id;
-    ELSE
-        UPDATE dispatch.schedules
-        SET last_run_at = coalesce(r.claimed_at, r.finished_at),
-            last_status = r.status,
-            last_error = r.error
-        WHERE id = s.id;
-    END IF;
-
-    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
-    VALUES (NULL, s.project_id, 'schedule.run.' || r.status,
-            jsonb_strip_nulls(jsonb_build_object(
-                'scheduleId', r.schedule_id,
-                'requestId', r.request_id,
-                'functionName', s.function_name,
-                'runId', r.id,
-                'scheduledFor', r.scheduled_for,
-                'attempt', r.attempt,
-                'error', r.error)));
-    RETURN coalesce(s.next_run_at = r.scheduled_for, false);
+    RETURN QUERY
+    WITH done AS (
+        SELECT * FROM unnest(_runs_finished.finished)
+    ), locked AS MATERIALIZED (
+        -- lock the schedules in id order (no deadlock with another batch or a bulk edit), then
+        -- compute each next slot once: a CTE that is not MATERIALIZED would be inlined per row
+        SELECT s.id, s.project_id, s.function_name, s.next_run_at, s.cron_spec, s.timezone
+        FROM dispatch.schedules s
+        WHERE s.id IN (SELECT d.schedule_id FROM done d)
+        ORDER BY s.id
+        FOR NO KEY UPDATE
+    ), nexts AS MATERIALIZED (
+        SELECT d.id, d.schedule_id, d.status, d.error, d.request_id, d.scheduled_for, d.attempt,
+               coalesce(d.claimed_at, d.finished_at) AS ran_at, l.project_id, l.function_name,
+               l.next_run_at = d.scheduled_for AS waiting,
+               CASE WHEN l.next_run_at = d.scheduled_for
+                    THEN dispatch._next_slot(l.cron_spec, greatest(d.scheduled_for, now()), l.timezone)
+               END AS next_at
+        FROM done d
+        JOIN locked l ON l.id = d.schedule_id
+    ), advance AS (
+        UPDATE dispatch.schedules s
+        SET next_run_at = CASE WHEN n.waiting THEN coalesce(n.next_at, now() + interval '1 hour')
+                               ELSE s.next_run_at END,
+            last_run_at = n.ran_at,
+            last_status = n.status,
+            last_error = CASE WHEN n.waiting AND n.next_at IS NULL
+                              THEN 'cannot compute the next slot (see the server log), retrying in 1 hour'
+                              ELSE n.error END
+        FROM nexts n
+        WHERE s.id = n.schedule_id
+    ), audit AS (
+        INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+        SELECT NULL, n.project_id, 'schedule.run.' || n.status,
+               jsonb_strip_nulls(jsonb_build_object(
+                   'scheduleId', n.schedule_id,
+                   'requestId', n.request_id,
+                   'functionName', n.function_name,
+                   'runId', n.id,
+                   'scheduledFor', n.scheduled_for,
+                   'attempt', n.attempt,
+                   'error', n.error))
+        FROM nexts n
+    )
+    SELECT n.id, coalesce(n.waiting, false) FROM nexts n;
 END
 $$;
 
@@ -115,7 +138,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    r dispatch.runs;
+    finished dispatch.runs[];
     requeued integer;
 BEGIN
     -- Attempts left and the schedule still live: retry under the same request id.
@@ -127,7 +150,7 @@ BEGIN
       AND s.id = x.schedule_id AND x.attempt < s.max_attempts AND s.next_run_at IS NOT NULL;
     GET DIAGNOSTICS requeued = ROW_COUNT;
 
-    FOR r IN
+    WITH ended AS (
         UPDATE dispatch.runs x
         SET status = CASE WHEN s.next_run_at IS NULL THEN 'skipped' ELSE 'lost' END,
             finished_at = now(),
@@ -137,10 +160,12 @@ BEGIN
                          END, 500)
         FROM dispatch.schedules s
         WHERE x.status = 'running' AND x.lease_until < now() AND s.id = x.schedule_id
-        RETURNING x.*
-    LOOP
-        PERFORM dispatch._run_finished(r);
-    END LOOP;
+        RETURNING x
+    )
+    SELECT array_agg(e.x) INTO finished FROM ended e;
+    IF finished IS NOT NULL THEN
+        PERFORM dispatch._runs_finished(finished);
+    END IF;
     RETURN requeued;
 END
 $$;
@@ -222,6 +247,53 @@ $$;
 COMMENT ON FUNCTION dispatch.claim_runs(text, integer, interval) IS
     'Move up to max_runs pending runs, oldest slot first, to running for worker with a lease (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run) and return what is needed to invoke them. The lease must outlast the invocation timeout.';
 
+-- The running -> ok | error transition, for a batch of runs: a listener records a batch of
+-- outcomes in one round trip and one transaction.
+CREATE FUNCTION dispatch.complete_runs(
+    worker        text,
+    run_ids       bigint[],
+    statuses      text[],
+    errors        text[],
+    http_statuses integer[],
+    durations_ms  integer[]
+)
+RETURNS TABLE (run_id bigint, recorded boolean, advanced boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    finished dispatch.runs[];
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(complete_runs.statuses) s WHERE s IS NULL OR s NOT IN ('ok', 'error'))
+       OR cardinality(complete_runs.statuses) <> cardinality(complete_runs.run_ids) THEN
+        RAISE EXCEPTION 'statuses must hold ok or error for each run id' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- fenced on the worker: a listener whose lease expired cannot overwrite its successor
+    WITH done AS (
+        UPDATE dispatch.runs x
+        SET status = i.status,
+            finished_at = now(),
+            error = left(i.error, 500),
+            http_status = i.http_status,
+            duration_ms = i.duration_ms
+        FROM unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
+                    complete_runs.http_statuses, complete_runs.durations_ms)
+             AS i(id, status, error, http_status, duration_ms)
+        WHERE x.id = i.id AND x.status = 'running' AND x.worker = complete_runs.worker
+        RETURNING x
+    )
+    SELECT array_agg(d.x) INTO finished FROM done d;
+    RETURN QUERY
+    SELECT i.id, f.run_id IS NOT NULL, coalesce(f.advanced, false)
+    FROM unnest(complete_runs.run_ids) WITH ORDINALITY AS i(id, n)
+    LEFT JOIN dispatch._runs_finished(coalesce(finished, '{}')) f ON f.run_id = i.id
+    ORDER BY i.n;
+END
+$$;
+COMMENT ON FUNCTION dispatch.complete_runs(text, bigint[], text[], text[], integer[], integer[]) IS
+    'dispatch.complete_run for many runs of one worker in one statement: record each outcome the worker still holds, advance each schedule still waiting on its slot, write the audit rows. The arrays are parallel (errors, http_statuses and durations_ms may hold NULLs). Returns run_id, recorded, advanced for each input run.';
+
 CREATE PROCEDURE dispatch.complete_run(
     run_id      bigint,
     worker      text,
@@ -236,24 +308,16 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    r dispatch.runs;
 BEGIN
     IF complete_run.status IS NULL OR complete_run.status NOT IN ('ok', 'error') THEN
         RAISE EXCEPTION 'status must be ok or error, not %', coalesce(quote_literal(complete_run.status), 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- Fenced on the worker: a listener whose lease expired cannot overwrite its successor.
-    UPDATE dispatch.runs x
-    SET status = complete_run.status,
-        finished_at = now(),
-        error = left(complete_run.error, 500),
-        http_status = complete_run.http_status,
-        duration_ms = complete_run.duration_ms
-    WHERE x.id = complete_run.run_id AND x.status = 'running' AND x.worker = complete_run.worker
-    RETURNING x.* INTO r;
-    recorded := FOUND;
-    advanced := recorded AND dispatch._run_finished(r);
+    -- One implementation of the transition: complete_runs, with a batch of one.
+    SELECT c.recorded, c.advanced INTO complete_run.recorded, complete_run.advanced
+    FROM dispatch.complete_runs(complete_run.worker, ARRAY[complete_run.run_id], ARRAY[complete_run.status],
+                                ARRAY[complete_run.error], ARRAY[complete_run.http_status],
+                                ARRAY[complete_run.duration_ms]) c;
 END
 $$;
 COMMENT ON PROCEDURE dispatch.complete_run(bigint, text, text, text, integer, integer, boolean, boolean) IS
@@ -303,18 +367,20 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    r dispatch.runs;
+    finished dispatch.runs[];
 BEGIN
-    FOR r IN
-        UPDATE dispatch.runs
+    WITH skipped AS (
+        UPDATE dispatch.runs x
         SET status = 'skipped', finished_at = now(),
             error = CASE WHEN NEW.deleted_at IS NOT NULL THEN 'schedule deleted before the run was claimed'
                          ELSE 'schedule disabled before the run was claimed' END
-        WHERE schedule_id = NEW.id AND status = 'pending'
-        RETURNING *
-    LOOP
-        PERFORM dispatch._run_finished(r);
-    END LOOP;
+        WHERE x.schedule_id = NEW.id AND x.status = 'pending'
+        RETURNING x
+    )
+    SELECT array_agg(k.x) INTO finished FROM skipped k;
+    IF finished IS NOT NULL THEN
+        PERFORM dispatch._runs_finished(finished);
+    END IF;
     RETURN NULL;
 END
 $$;
