@@ -49,6 +49,13 @@ COMMENT ON COLUMN dispatch.runs.worker IS 'Listener that holds (or last held) th
 COMMENT ON COLUMN dispatch.runs.lease_until IS 'A running run whose lease passes is retried or lost by dispatch.tick.';
 COMMENT ON COLUMN dispatch.runs.error IS 'Why the run failed, was skipped or lost; at most 500 characters.';
 
+-- A queue table: every run leaves the pending and running indexes within seconds, and the
+-- dead entries it leaves slow down the next claims until vacuum removes them. Vacuum it after
+-- 1 % of its rows changed rather than the default 20 %.
+ALTER TABLE dispatch.runs SET (autovacuum_vacuum_scale_factor = 0.01,
+                               autovacuum_vacuum_insert_scale_factor = 0.01,
+                               autovacuum_analyze_scale_factor = 0.02);
+
 -- Claiming reads pending runs in slot order; expiry reads running runs by lease. Both stay
 -- small however much history the table holds.
 CREATE INDEX runs_pending_idx ON dispatch.runs (scheduled_for, id) WHERE status = 'pending';
