@@ -1,18 +1,22 @@
-"""The `pgdispatch` command."""
+"""The `pgdispatch` command: install, doctor, schedules, runs, listen, demo, demo-function.
+
+Each command lives in a module of its own and registers its parser here; every command that
+talks to the database reads --database-url / PGDISPATCH_DATABASE_URL as `listen` does.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
-import os
 import sys
 from pathlib import Path
 
 import psycopg
 
-from dispatcher import __version__
-from dispatcher.config import OPTIONS, ConfigError, load_settings
+from dispatcher import __version__, admin, demo_function, doctor
+from dispatcher.config import OPTIONS, ConfigError, load_settings, resolve_database_url
+from dispatcher.console import CommandError, add_connection_arguments, print_json
 from dispatcher.migrations import install
 
 __all__ = ["main"]
@@ -26,13 +30,15 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     install_cmd = commands.add_parser(
-        "install", help="apply sql/ to a database (the same migrations as psql -f sql/install.sql)"
+        "install", help="apply sql/ to a database (the same migrations as psql -f sql/install.sql)",
+        description="Apply the migrations in sql/ that the database does not have yet (the same files "
+        "and bookkeeping as psql -f sql/install.sql), register the pg_cron jobs where pg_cron lives "
+        "in this database (else say what to run), and print what was done. Safe to run again.",
     )
-    install_cmd.add_argument(
-        "--database-url",
-        default=os.environ.get("PGDISPATCH_DATABASE_URL"),
-        help="libpq connection string (env PGDISPATCH_DATABASE_URL)",
-    )
+    add_connection_arguments(install_cmd)
+    install_cmd.set_defaults(handler=_install)
+    doctor.add_commands(commands)
+    admin.add_commands(commands)
 
     listen_cmd = commands.add_parser(
         "listen",
@@ -44,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     for option in OPTIONS:
         listen_cmd.add_argument(option.flag, dest=option.name, metavar=option.metavar,
                                 help=f"{option.help} [env {option.env}]")
+    listen_cmd.set_defaults(handler=_listen)
 
     demo_cmd = commands.add_parser(
         "demo",
@@ -54,19 +61,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo_cmd.add_argument("--dir", type=Path, default=Path(".pgdata/demo"),
                           help="folder of the private cluster (default .pgdata/demo)")
+    demo_cmd.set_defaults(handler=_demo)
+    demo_function.add_commands(commands)
     return parser
 
 
-def _install(database_url: str | None) -> int:
-    if not database_url:
-        print("pgdispatch: --database-url (or PGDISPATCH_DATABASE_URL) is required", file=sys.stderr)
-        return 2
+def _install(args: argparse.Namespace) -> int:
+    database_url = resolve_database_url(args.database_url)
     try:
-        for line in install(database_url):
+        done = install(database_url)
+    except psycopg.OperationalError as exc:
+        raise CommandError(f"cannot connect to the database: {' '.join(str(exc).split())}") from None
+    if args.json:
+        print_json({"done": done})
+    else:
+        for line in done:
             print(line)
-    except psycopg.Error as exc:
-        print(f"pgdispatch install: {exc}", file=sys.stderr)
-        return 1
     return 0
 
 
@@ -99,14 +109,23 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status: 0 done, 1 failed, 2 configuration or usage error."""
     args = _parser().parse_args(argv)
-    if args.command == "install":
-        return _install(args.database_url)
-    if args.command == "listen":
-        return _listen(args)
-    if args.command == "demo":
-        return _demo(args)
-    return 2
+    name = " ".join(part for part in (args.command, getattr(args, "action", None)) if part)
+    try:
+        status: int = args.handler(args)
+    except ConfigError as exc:
+        print(f"pgdispatch {name}: {exc}", file=sys.stderr)
+        return 2
+    except CommandError as exc:
+        print(f"pgdispatch {name}: {exc}", file=sys.stderr)
+        return 1
+    except psycopg.Error as exc:
+        print(f"pgdispatch {name}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # | head
+        return 1
+    return status
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""Listener settings: every option from a flag or a PGDISPATCH_* variable, the flag winning."""
+"""Listener settings: every option from a flag or a PGDISPATCH_* variable, the flag winning.
+
+Under systemd, the connection strings and the signing secret may also come as credentials
+(`LoadCredential=`): files named database-url, listen-database-url and signing-secret in
+$CREDENTIALS_DIRECTORY, read when neither the flag nor the variable gives the setting.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +17,26 @@ from urllib.parse import urlsplit
 
 import psycopg.conninfo
 
-__all__ = ["OPTIONS", "ConfigError", "Option", "Settings", "load_settings", "redact_conninfo"]
+__all__ = [
+    "CREDENTIALS",
+    "OPTIONS",
+    "ConfigError",
+    "Option",
+    "Settings",
+    "load_settings",
+    "redact_conninfo",
+    "resolve_database_url",
+    "resolve_signing_secret",
+]
 
 LEASE_MARGIN_S = 30.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# Settings that may come from a systemd credential: option name -> file in $CREDENTIALS_DIRECTORY.
+CREDENTIALS = {
+    "database_url": "database-url",
+    "listen_database_url": "listen-database-url",
+    "signing_secret": "signing-secret",
+}
 
 
 class ConfigError(Exception):
@@ -67,6 +88,9 @@ OPTIONS: tuple[Option, ...] = (
            "database connections for claims and completions, besides the LISTEN one (default 4)", "N"),
     Option("log_level", "--log-level", "PGDISPATCH_LOG_LEVEL",
            "debug, info, warning or error (default info)", "LEVEL"),
+    Option("metrics_port", "--metrics-port", "PGDISPATCH_METRICS_PORT",
+           "serve Prometheus metrics at http://HOST:PORT/metrics; a bare PORT listens on every "
+           "interface (default: no metrics server)", "[HOST:]PORT"),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 
@@ -91,6 +115,8 @@ class Settings:
     grace_s: float = 25.0
     pool_size: int = 4
     log_level: str = "info"
+    metrics_port: int | None = None  # None = no metrics server
+    metrics_host: str | None = None  # None = every interface
 
     def __post_init__(self) -> None:
         if not self.listen_database_url:
@@ -129,6 +155,8 @@ class Settings:
             raise _invalid("worker_id", "must be printable text, not blank")
         if self.signing_secret is not None and not self.signing_secret:
             raise _invalid("signing_secret", "is empty")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise _invalid("metrics_port", f"must be a port number (0-65535), not {self.metrics_port}")
         if self.log_level not in LOG_LEVELS:
             raise _invalid("log_level", f"must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
 
@@ -151,6 +179,7 @@ class Settings:
             "sweep_interval_s": self.sweep_interval_s,
             "grace_s": self.grace_s,
             "pool_size": self.pool_size,
+            "metrics_port": self.metrics_port,
         }
 
 
@@ -207,19 +236,84 @@ def _secret_from_file(path: str) -> bytes:
     return secret
 
 
+def _credential(name: str, env: Mapping[str, str]) -> bytes | None:
+    """The systemd credential for option `name`, if $CREDENTIALS_DIRECTORY holds one."""
+    folder = env.get("CREDENTIALS_DIRECTORY")
+    if not folder or name not in CREDENTIALS:
+        return None
+    path = Path(folder) / CREDENTIALS[name]
+    try:
+        value = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _invalid(name, f"credential {path} cannot be read: {exc.strerror or exc}") from None
+    value = value.rstrip(b"\r\n")
+    if not value:
+        raise _invalid(name, f"credential {path} is empty")
+    return value
+
+
+def resolve_database_url(flag: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """--database-url, else PGDISPATCH_DATABASE_URL, else the database-url credential; checked.
+
+    What every command that talks to the database uses. Raises ConfigError.
+    """
+    env = os.environ if environ is None else environ
+    url = flag if flag is not None else env.get("PGDISPATCH_DATABASE_URL")
+    if not url:
+        credential = _credential("database_url", env)
+        url = credential.decode() if credential is not None else ""
+    url = url.strip()
+    if not url:
+        raise _invalid("database_url", "is required")
+    try:
+        psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        why = " ".join(str(exc).split())
+        raise _invalid("database_url", f"is not a libpq connection string or URL ({why})") from None
+    return url
+
+
+def resolve_signing_secret(path: str | None, environ: Mapping[str, str] | None = None) -> bytes | None:
+    """The secret from the file --signing-secret-file names, else PGDISPATCH_SIGNING_SECRET, else the
+    signing-secret credential; None when none is given. Raises ConfigError."""
+    env = os.environ if environ is None else environ
+    if path is not None:
+        return _secret_from_file(path)
+    if env.get("PGDISPATCH_SIGNING_SECRET"):
+        return env["PGDISPATCH_SIGNING_SECRET"].encode()
+    return _credential("signing_secret", env)
+
+
+def _metrics_address(raw: str) -> tuple[str | None, int]:
+    host, _, port = raw.strip().rpartition(":")
+    host = host.strip("[]")  # [::1]:9464
+    try:
+        number = int(port)
+    except ValueError:
+        raise _invalid("metrics_port", f"must be PORT or HOST:PORT, not {raw!r}") from None
+    return host or None, number
+
+
 def load_settings(flags: Mapping[str, str | None], environ: Mapping[str, str] | None = None) -> Settings:
-    """Build Settings from parsed flags (option name → raw text or None) and the environment.
+    """Build Settings from parsed flags (option name → raw text or None), the environment and
+    systemd credentials ($CREDENTIALS_DIRECTORY, see CREDENTIALS), in that order.
 
     Raises ConfigError with one line naming the setting.
     """
     env = os.environ if environ is None else environ
     raw: dict[str, str] = {}
+    from_credential: dict[str, bytes] = {}
     for option in OPTIONS:
         flag_value = flags.get(option.name)
         if flag_value is not None:
             raw[option.name] = flag_value
         elif env.get(option.env):
             raw[option.name] = env[option.env]
+        elif (credential := _credential(option.name, env)) is not None:
+            from_credential[option.name] = credential
+            raw[option.name] = credential.decode(errors="replace")
 
     values: dict[str, object] = {}
     for name in ("database_url", "listen_database_url", "invoke_url", "worker_id"):
@@ -233,7 +327,11 @@ def load_settings(flags: Mapping[str, str | None], environ: Mapping[str, str] | 
             values[name] = _number(name, raw[name], float)
     if "log_level" in raw:
         values["log_level"] = raw["log_level"].strip().lower()
-    if flags.get("signing_secret") is not None:
+    if "metrics_port" in raw:
+        values["metrics_host"], values["metrics_port"] = _metrics_address(raw["metrics_port"])
+    if "signing_secret" in from_credential:
+        values["signing_secret"] = from_credential["signing_secret"]
+    elif flags.get("signing_secret") is not None:
         values["signing_secret"] = _secret_from_file(raw["signing_secret"])
     elif "signing_secret" in raw:
         values["signing_secret"] = raw["signing_secret"].encode()

@@ -1,0 +1,169 @@
+"""`pgdispatch install|schedules|runs` and `--help`, run as the real command against the test cluster."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from .conftest import Result, run_cli
+
+COMMANDS = [
+    [], ["install"], ["doctor"], ["listen"], ["demo"], ["demo-function"], ["schedules"], ["schedules", "add"],
+    ["schedules", "list"], ["schedules", "show"], ["schedules", "enable"], ["schedules", "disable"],
+    ["schedules", "delete"], ["runs"], ["runs", "list"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "pgdispatch")
+def test_help_everywhere(command: list[str]) -> None:
+    done = run_cli(*command, "--help")
+    assert done.code == 0, done.err
+    assert done.out.startswith("usage: pgdispatch")
+
+
+def test_install_prints_what_it_did(empty_database: str) -> None:
+    first = run_cli("install", "--json", url=empty_database)
+    assert first.code == 0, first.err
+    done = first.json["done"]
+    assert done[0] == "applied migration 0001_cron_engine"
+    assert "pg_cron lives in database postgres" in done[-1]
+    again = run_cli("install", url=empty_database)
+    assert again.code == 0
+    assert "applied migration" not in again.out  # nothing left to apply
+    assert again.out.strip() == done[-1]
+
+
+@pytest.mark.parametrize("command", [["install"], ["doctor"], ["schedules", "list"], ["runs", "list"]])
+def test_database_url_is_required(command: list[str]) -> None:
+    done = run_cli(*command)
+    assert done.code == 2
+    name = " ".join(command)
+    assert done.err == f"pgdispatch {name}: --database-url / PGDISPATCH_DATABASE_URL is required\n"
+
+
+def test_flag_wins_and_credentials_directory_is_read(dsn: str, tmp_path: Path) -> None:
+    folder = tmp_path
+    (folder / "database-url").write_text(dsn + "\n")
+    from_credential = run_cli("schedules", "list", env={"CREDENTIALS_DIRECTORY": str(folder)})
+    assert from_credential.code == 0, from_credential.err
+    # The variable wins over the credential, the flag over both.
+    bad = "postgresql://postgres@127.0.0.1:1/nowhere"
+    assert run_cli("schedules", "list", url=bad, env={"CREDENTIALS_DIRECTORY": str(folder)}).code == 1
+    assert run_cli("schedules", "list", "--database-url", dsn, url=bad).code == 0
+    unreachable = run_cli("runs", "list", url=bad)
+    assert unreachable.code == 1
+    assert unreachable.err.startswith("pgdispatch runs list: cannot connect to the database:")
+
+
+def _add(cli: Callable[..., Result], *args: str) -> dict[str, object]:
+    done = cli("schedules", "add", "--project", "acme", *args, "--json")
+    assert done.code == 0, done.err
+    result: dict[str, object] = done.json
+    return result
+
+
+def test_schedules_lifecycle(cli: Callable[..., Result], db: psycopg.Connection) -> None:
+    added = _add(cli, "--function", "nightly-report", "--cron", "30 2 * * *", "--timezone", "Europe/Berlin",
+                 "--args", '{"format": "pdf"}')
+    schedule = added["schedule"]
+    assert isinstance(schedule, dict)
+    sid = schedule["id"]
+    assert schedule["state"] == "enabled" and schedule["args"] == {"format": "pdf"}
+
+    # The preview: 5 fire times from next_run_at, each 02:30 Berlin time, the same as cron_next's.
+    preview = added["next_fire_times"]
+    assert isinstance(preview, list) and len(preview) == 5
+    assert preview[0]["at"] == schedule["next_run_at"]
+    for fire in preview:
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT02:30:00\+0[12]:00", fire["local"]), fire
+        assert fire["timezone"] == "Europe/Berlin"
+    at = [datetime.fromisoformat(fire["at"]) for fire in preview]
+    expected = [at[0]]
+    for _ in range(4):
+        row = db.execute("SELECT dispatch.cron_next('30 2 * * *', %s, 'Europe/Berlin')",
+                         (expected[-1],)).fetchone()
+        assert row is not None
+        expected.append(row[0])
+    assert at == expected
+
+    table = cli("schedules", "list")
+    assert table.code == 0
+    header, line = table.out.splitlines()
+    assert header.split()[:4] == ["ID", "PROJECT", "FUNCTION", "CRON"]
+    assert line.startswith(f"{sid}  acme     nightly-report  30 2 * * *  Europe/Berlin  enabled")
+
+    shown = cli("schedules", "show", sid)
+    assert shown.code == 0
+    assert "next 5 fire times in Europe/Berlin:" in shown.out
+    fire_line = r"^  \w{3} \d{4}-\d\d-\d\d 02:30:00\+0[12]:00   \d{4}-\d\d-\d\d 0[01]:30:00Z$"
+    assert re.search(fire_line, shown.out, re.MULTILINE)
+
+    disabled = cli("schedules", "disable", sid, "--json").json
+    assert (disabled["state"], disabled["next_run_at"]) == ("disabled", None)
+    assert "(if it were enabled now)" in cli("schedules", "show", sid).out
+    enabled = cli("schedules", "enable", sid)
+    assert enabled.code == 0
+    assert enabled.out.startswith(f"schedule {sid} acme/nightly-report enabled; next run 20")
+    deleted = cli("schedules", "delete", sid)
+    assert deleted.out.strip() == f"schedule {sid} acme/nightly-report deleted"
+    assert cli("schedules", "list", "--json").json == []
+    assert [row["state"] for row in cli("schedules", "list", "--deleted", "--json").json] == ["deleted"]
+    again = cli("schedules", "enable", sid)
+    assert again.code == 1 and again.err.startswith(f"pgdispatch schedules enable: schedule {sid} is deleted")
+
+    # Soft delete: the row stays, and every change was audited under the database role.
+    row = db.execute("SELECT deleted_at IS NOT NULL,"
+                     " (SELECT array_agg(action ORDER BY id) FROM dispatch.audit_log)"
+                     " FROM dispatch.schedules WHERE id = %s", (sid,)).fetchone()
+    assert row == (True, ["schedule.create", "schedule.update", "schedule.update", "schedule.delete"])
+
+
+def test_schedules_refused_with_the_databases_message(cli: Callable[..., Result]) -> None:
+    bad_cron = cli("schedules", "add", "--project", "acme", "--function", "f", "--cron", "61 * * * *")
+    assert bad_cron.code == 1
+    assert bad_cron.err.startswith(
+        'pgdispatch schedules add: cron_expression "61 * * * *": minute 61 is outside')
+    bad_zone = cli("schedules", "add", "--project", "acme", "--function", "f", "--cron", "* * * * *",
+                   "--timezone", "PST")
+    assert bad_zone.code == 1 and "is not a time zone name" in bad_zone.err
+    bad_args = cli("schedules", "add", "--project", "acme", "--function", "f", "--cron", "* * * * *",
+                   "--args", "[1]")
+    assert bad_args.code == 1 and "--args must be a JSON object" in bad_args.err
+    assert cli("schedules", "show", "not-a-uuid").code == 1
+    missing = cli("schedules", "show", "00000000-0000-0000-0000-000000000000")
+    assert missing.err == "pgdispatch schedules show: no schedule 00000000-0000-0000-0000-000000000000\n"
+    assert cli("schedules", "list", "--json").json == []
+
+
+def test_runs_list(cli: Callable[..., Result], db: psycopg.Connection) -> None:
+    ok_id = _add(cli, "--function", "fine", "--cron", "* * * * *")["schedule"]["id"]  # type: ignore[index]
+    bad_id = _add(cli, "--function", "broken", "--cron", "* * * * *")["schedule"]["id"]  # type: ignore[index]
+    db.execute("SELECT dispatch.tick(now() + interval '1 minute')")
+    claimed = db.execute("SELECT run_id, schedule_id FROM dispatch.claim_runs('w', 10, '1 min')").fetchall()
+    for run_id, schedule_id in claimed:
+        failed = str(schedule_id) == bad_id
+        db.execute("CALL dispatch.complete_run(%s, 'w', %s, %s, %s, 12)",
+                   (run_id, "error" if failed else "ok", "boom: it broke" if failed else None,
+                    500 if failed else 200))
+
+    everything = cli("runs", "list", "--json").json
+    assert sorted((run["function_name"], run["status"]) for run in everything) == [("broken", "error"),
+                                                                                   ("fine", "ok")]
+    failed = cli("runs", "list", "--failed", "--json").json
+    assert [(run["schedule_id"], run["error"], run["http_status"]) for run in failed] == [
+        (bad_id, "boom: it broke", 500)]
+    assert [run["schedule_id"] for run in cli("runs", "list", "--schedule", ok_id, "--json").json] == [ok_id]
+    assert cli("runs", "list", "--schedule", ok_id, "--failed", "--json").json == []
+    table = cli("runs", "list", "--failed")
+    assert table.out.splitlines()[0].split() == [
+        "RUN", "PROJECT", "FUNCTION", "SLOT", "(UTC)", "STATUS", "TRY", "MS", "HTTP", "ERROR"]
+    assert table.out.splitlines()[1].endswith("error   1    12  500   boom: it broke")
+    # The failing schedule shows in schedules list --failing and in show's recent runs.
+    failing = cli("schedules", "list", "--failing", "--json").json
+    assert [(row["id"], row["consecutive_failures"]) for row in failing] == [(bad_id, 1)]
+    assert "boom: it broke" in cli("schedules", "show", bad_id).out

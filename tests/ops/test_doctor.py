@@ -1,0 +1,195 @@
+"""`pgdispatch doctor`: each check seen ok and seen failing, through the real command."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import psycopg.conninfo
+import pytest
+
+from dispatcher.migrations import migrations
+
+from .conftest import Result, run_cli
+
+# A schedule that never comes due during a test: pg_cron must not really tick the test database.
+NEVER = "0 0 1 1 *"
+
+
+def _statuses(result: Result) -> dict[str, str]:
+    return {check["name"]: check["status"] for check in result.json["checks"]}
+
+
+def _check(result: Result, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(check for check in result.json["checks"] if check["name"] == name)
+    return found
+
+
+@pytest.fixture
+def tick_job(db: psycopg.Connection, admin_url: str) -> Iterator[Callable[[str, str], None]]:
+    """Register dispatch-tick for the test database in pg_cron's database (as sql/pg_cron.sql does);
+    `record(status, message)` adds a run of it to cron.job_run_details."""
+    dbname = db.info.dbname
+    with psycopg.connect(admin_url, autocommit=True) as cron:
+        row = cron.execute(
+            "SELECT cron.schedule_in_database('dispatch-tick', %s, 'SELECT dispatch.tick()', %s)",
+            (NEVER, dbname)).fetchone()
+        assert row is not None
+        jobid = row[0]
+
+        def record(status: str, message: str) -> None:
+            cron.execute(
+                "INSERT INTO cron.job_run_details (jobid, job_pid, database, username, command, status,"
+                " return_message, start_time, end_time)"
+                " VALUES (%s, 1, %s, 'postgres', 'SELECT dispatch.tick()', %s, %s, now(), now())",
+                (jobid, dbname, status, message))
+
+        try:
+            yield record
+        finally:
+            cron.execute("DELETE FROM cron.job_run_details WHERE jobid = %s", (jobid,))
+            cron.execute("SELECT cron.unschedule(%s)", (jobid,))
+
+
+@pytest.fixture
+def listening(dsn: str) -> Iterator[None]:
+    """A session that looks like a listener's LISTEN connection (application_name 'pgdispatch …')."""
+    with psycopg.connect(dsn, autocommit=True, application_name="pgdispatch doctor-test:1") as conn:
+        conn.execute("LISTEN dispatch")
+        yield
+
+
+def test_fresh_install_without_job_or_listener(cli: Callable[..., Result], db: psycopg.Connection) -> None:
+    done = cli("doctor", "--json")
+    assert done.code == 1
+    assert _statuses(done) == {
+        "connection": "ok", "schema": "ok", "pg_cron": "ok", "dispatch-tick job": "fail",
+        "dispatch-tick runs": "skip", "listeners": "fail", "overdue schedules": "ok", "stuck runs": "ok",
+        "failing schedules": "ok",
+    }
+    assert done.json["ok"] is False
+    assert _check(done, "pg_cron")["detail"] == (
+        "loaded; its jobs live in database postgres (cron.database_name)")
+    job = _check(done, "dispatch-tick job")
+    assert job["fix"] == f"psql -d postgres -v dispatch_db={db.info.dbname} -f sql/pg_cron.sql"
+    assert _check(done, "listeners")["fix"].startswith("start one: pgdispatch listen")
+
+    text = cli("doctor")
+    assert text.code == 1
+    lines = text.out.splitlines()
+    assert lines[0].startswith("pgdispatch doctor: ")
+    assert lines[1].startswith("ok    connection          PostgreSQL 15")
+    name = db.info.dbname
+    assert f"fail  dispatch-tick job   no pg_cron job dispatch-tick runs in database {name}" in lines
+    assert f"{'':26}fix: psql -d postgres -v dispatch_db={name} -f sql/pg_cron.sql" in lines
+    assert lines[-1] == "2 failed"
+
+
+def test_healthy_then_each_problem(cli: Callable[..., Result], db: psycopg.Connection,
+                                   tick_job: Callable[[str, str], None], listening: None) -> None:
+    no_runs = cli("doctor", "--json")
+    assert _check(no_runs, "dispatch-tick runs")["status"] == "warn"
+    assert no_runs.code == 0  # warnings alone do not fail
+    assert cli("doctor", "--strict").code == 1
+    tick_job("succeeded", "1 row")
+
+    healthy = cli("doctor")
+    assert healthy.code == 0, healthy.out
+    assert healthy.out.splitlines()[-1] == "all checks passed"
+    assert "ok    listeners           1 listening: doctor-test:1" in healthy.out
+    assert "ok    dispatch-tick runs  the last 1 runs succeeded" in healthy.out
+
+    # Overdue: due 5 minutes ago and not marked.
+    row = db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
+                     " VALUES ('acme', 'late', '* * * * *') RETURNING id").fetchone()
+    assert row is not None
+    sid = str(row[0])
+    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now()) - interval '5 min'"
+               " WHERE id = %s", (sid,))
+    overdue = cli("doctor", "--json")
+    assert overdue.code == 1
+    detail = _check(overdue, "overdue schedules")["detail"]
+    assert detail.startswith(f"1 due more than 2 minutes ago and not marked as runs: acme/late {sid} (0:0")
+
+    # Marked but nobody claims it: pending and unclaimed.
+    db.execute("SELECT dispatch.tick()")
+    waiting = cli("doctor", "--json")
+    assert _statuses(waiting)["overdue schedules"] == "ok"
+    assert _check(waiting, "stuck runs")["detail"].startswith(
+        "1 pending and unclaimed for more than 2 minutes")
+
+    # Claimed with a lease that ends: running past its lease.
+    db.execute("SELECT * FROM dispatch.claim_runs('w', 1, '100 milliseconds')")
+    time.sleep(0.3)
+    stuck = cli("doctor", "--json")
+    assert stuck.code == 1
+    assert _check(stuck, "stuck runs")["detail"].startswith("1 running past their lease")
+
+    # Recorded as an error: a failing schedule is a warning with the error shown.
+    run_id = db.execute("SELECT id FROM dispatch.runs").fetchone()[0]  # type: ignore[index]
+    db.execute("CALL dispatch.complete_run(%s, 'w', 'error', 'boom: down', 503, 5)", (run_id,))
+    failing = cli("doctor", "--json")
+    assert failing.code == 0, failing.json
+    check = _check(failing, "failing schedules")
+    assert (check["status"], check["detail"]) == (
+        "warn", f"1 failing: acme/late {sid} (1 in a row: boom: down)")
+    assert check["fix"].startswith("pgdispatch runs list --failed --schedule ID")
+    assert cli("doctor", "--strict").code == 1
+
+    # pg_cron's last run of the job failed.
+    tick_job("failed", "ERROR:  permission denied for schema dispatch")
+    cron_failed = cli("doctor", "--json")
+    assert cron_failed.code == 1
+    check = _check(cron_failed, "dispatch-tick runs")
+    assert check["status"] == "fail"
+    assert check["detail"].endswith("failed: ERROR: permission denied for schema dispatch")
+    assert "cron.job_run_details WHERE jobid = " in check["fix"]
+
+
+def test_schema_missing_or_behind(empty_database: str, cli: Callable[..., Result],
+                                  db: psycopg.Connection) -> None:
+    missing = run_cli("doctor", "--json", url=empty_database)
+    assert missing.code == 1
+    assert _statuses(missing) == {"connection": "ok", "schema": "fail"}
+    assert _check(missing, "schema")["fix"].startswith("pgdispatch install")
+
+    latest = migrations()[-1]
+    db.execute("DELETE FROM dispatch.migrations WHERE version = %s", (latest.version,))
+    behind = cli("doctor", "--json")
+    assert behind.code == 1
+    assert _check(behind, "schema")["detail"].endswith(f"not applied: {latest.name}")
+    db.execute("INSERT INTO dispatch.migrations (version, name) VALUES (%s, %s), (9999, '9999_future')",
+               (latest.version, latest.name))
+    ahead = cli("doctor", "--json")
+    assert _check(ahead, "schema")["status"] == "warn"
+    assert "9999_future" in _check(ahead, "schema")["detail"]
+
+
+def test_cannot_connect() -> None:
+    done = run_cli("doctor", url="postgresql://postgres:secret@127.0.0.1:1/app")
+    assert done.code == 1
+    lines = done.out.splitlines()
+    assert lines[1].startswith(
+        "fail  connection  cannot connect to user=postgres dbname=app host=127.0.0.1 port=1")
+    assert "secret" not in done.out
+    assert lines[2].strip().startswith("fix: check --database-url / PGDISPATCH_DATABASE_URL")
+
+
+def test_as_a_reader_role(dsn: str, db: psycopg.Connection, tick_job: Callable[[str, str], None]) -> None:
+    """dispatch_reader reads every dispatch table and view doctor needs; what it may not see of
+    pg_cron (settings, the cron schema) it finds elsewhere or says it could not check."""
+    role = f"doctor_reader_{db.info.backend_pid}"
+    db.execute(f"CREATE ROLE {role} LOGIN IN ROLE dispatch_reader")
+    try:
+        done = run_cli("doctor", "--json", url=psycopg.conninfo.make_conninfo(dsn, user=role))
+        statuses = _statuses(done)
+        assert statuses["schema"] == statuses["overdue schedules"] == statuses["failing schedules"] == "ok"
+        assert _check(done, "pg_cron")["detail"] == (
+            "running; its jobs live in database postgres (its scheduler's database)")
+        job = _check(done, "dispatch-tick job")
+        assert job["status"] == "warn"
+        assert job["detail"] == "cannot check as this role: permission denied for schema cron"
+    finally:
+        db.execute(f"DROP ROLE {role}")
