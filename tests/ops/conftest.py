@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,9 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 import pytest
+from aiohttp import web
+
+from tests.listener.kit import Sink
 
 PGDISPATCH = Path(sys.executable).parent / "pgdispatch"
 
@@ -71,3 +74,17 @@ def empty_database(admin_url: str) -> Iterator[str]:
     yield psycopg.conninfo.make_conninfo(admin_url, dbname=name)
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[Sink]:
+    """A function endpoint on loopback recording every call (tests/listener/kit.py's Sink)."""
+    sink = Sink()
+    app = web.Application()
+    app.router.add_post("/projects/{project_id}/functions/{function_name}", sink.handle)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    sink.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    yield sink
+    await runner.cleanup()
