@@ -4,16 +4,23 @@
 -- chaos.faults (what the harness injected, when), chaos.params (base slot, last slot, lease).
 -- Output: one row per figure (name, value).
 
-CREATE TEMP VIEW final_request AS
+CREATE TEMP TABLE final_request AS
 -- The request that answered a run's last attempt: the outcome recorded must match it.
 SELECT DISTINCT ON (r.id) r.id AS rid, q.key, q.worker, q.decision, q.arrived, q.answered
 FROM dispatch.runs r
 JOIN chaos.requests q ON q.request_id = r.request_id AND q.attempt = r.attempt
 ORDER BY r.id, q.arrived DESC;
+CREATE UNIQUE INDEX ON final_request (rid);
+CREATE INDEX ON final_request (key);
+ANALYZE final_request;
 
-CREATE TEMP VIEW verdict AS
+CREATE TEMP TABLE invoked_request_ids AS SELECT DISTINCT request_id FROM chaos.requests;
+CREATE UNIQUE INDEX ON invoked_request_ids (request_id);
+ANALYZE invoked_request_ids;
+
+CREATE TEMP TABLE verdict AS
 SELECT r.id, r.status, r.error, r.http_status, f.decision, f.answered,
-       EXISTS (SELECT 1 FROM chaos.requests q WHERE q.request_id = r.request_id) AS invoked,
+       i.request_id IS NOT NULL AS invoked,
        CASE
            WHEN r.status IN ('pending', 'running') THEN 'unfinished'
            WHEN r.status IN ('skipped', 'lost') THEN r.status
@@ -37,16 +44,18 @@ SELECT r.id, r.status, r.error, r.http_status, f.decision, f.answered,
            ELSE 'disagrees'
        END AS fate
 FROM dispatch.runs r
-LEFT JOIN final_request f ON f.rid = r.id;
+LEFT JOIN final_request f ON f.rid = r.id
+LEFT JOIN invoked_request_ids i ON i.request_id = r.request_id;
 
-CREATE TEMP VIEW extra_request AS
+CREATE TEMP TABLE extra_request AS
 -- Every request of a run other than the one that answered its recorded attempt.
 SELECT q.*, r.id AS rid
 FROM chaos.requests q
 JOIN dispatch.runs r ON r.request_id = q.request_id
-WHERE NOT EXISTS (SELECT 1 FROM final_request f WHERE f.rid = r.id AND f.key = q.key);
+LEFT JOIN final_request f ON f.key = q.key
+WHERE f.key IS NULL;
 
-CREATE TEMP VIEW unexplained_extra AS
+CREATE TEMP TABLE unexplained_extra AS
 -- An earlier invocation whose outcome was not recorded must have met a fault that can stop a
 -- record: its listener killed, its sessions terminated, or a database restart, between its claim
 -- (at most a lease before it arrived) and its lease's end (at most a lease after).
@@ -118,14 +127,19 @@ SELECT 'run audit rows', count(*)::text FROM dispatch.audit_log WHERE action LIK
 UNION ALL
 SELECT 'finished runs without exactly one matching audit row', count(*)::text
 FROM dispatch.runs r
-WHERE r.status NOT IN ('pending', 'running')
-  AND (SELECT count(*) FROM dispatch.audit_log a
-       WHERE a.action = 'schedule.run.' || r.status AND (a.metadata ->> 'runId')::bigint = r.id
-         AND a.metadata ->> 'requestId' = r.request_id) <> 1
+LEFT JOIN (
+    SELECT (metadata ->> 'runId')::bigint AS run_id, action, metadata ->> 'requestId' AS request_id, count(*) AS n
+    FROM dispatch.audit_log
+    WHERE action LIKE 'schedule.run.%'
+    GROUP BY 1, 2, 3
+) a ON a.run_id = r.id AND a.action = 'schedule.run.' || r.status AND a.request_id = r.request_id
+WHERE r.status NOT IN ('pending', 'running') AND coalesce(a.n, 0) <> 1
 UNION ALL
 SELECT 'schedules left stuck (next_run_at not one minute past the last slot, or a run open)', count(*)::text
-FROM dispatch.schedules s, chaos.params p
-WHERE s.next_run_at IS DISTINCT FROM p.last_slot + interval '1 minute'
-   OR EXISTS (SELECT 1 FROM dispatch.runs r WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running'))
+FROM dispatch.schedules s
+CROSS JOIN chaos.params p
+LEFT JOIN (SELECT DISTINCT schedule_id FROM dispatch.runs WHERE status IN ('pending', 'running')) o
+       ON o.schedule_id = s.id
+WHERE s.next_run_at IS DISTINCT FROM p.last_slot + interval '1 minute' OR o.schedule_id IS NOT NULL
 UNION ALL
 SELECT 'claims', count(*)::text FROM chaos.claims;

@@ -233,7 +233,6 @@ class Harness:
         self.lock = threading.Lock()
         self.windows: dict[str, dict[str, float]] = {}
         self.stop_faults = threading.Event()
-        self.kills_in_flight = 0
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -371,8 +370,9 @@ class Harness:
         victim.killed = True
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait()
-        self.kills_in_flight += busy
         self._record("kill", victim.worker, time.time())
+        if busy:
+            self._record("kill_in_flight", victim.worker, time.time())
         replacement = self.start_listener()
         note = " (requests in flight)" if busy else ""
         _log(f"kill -9 {victim.worker}{note}; started {replacement.worker}")
@@ -521,26 +521,35 @@ class Harness:
         with conn.cursor().copy("COPY chaos.faults (kind, target, at, until) FROM STDIN") as copy:
             for fault in self.faults:
                 copy.write_row(fault)
+        with conn.cursor().copy("COPY chaos.listeners (worker, started) FROM STDIN") as copy:
+            for item in self.listeners:
+                copy.write_row((item.worker, item.started))
+        conn.execute("ANALYZE chaos.requests")
 
     def resume_times(self, conn: psycopg.Connection[Any]) -> list[float]:
         """Per restart and per listener that lived through it: seconds from the database being up
         again to that listener's first claim."""
         times = []
+        self.faults = [tuple(row) for row in conn.execute("SELECT kind, target, at, until FROM chaos.faults")]
         kills = {target: at for kind, target, at, _ in self.faults if kind == "kill"}
-        for began, up in self.restarts:
-            for item in self.listeners:
-                if item.started > began or kills.get(item.worker, float("inf")) < up + 30:
+        restarts = [(at, until) for kind, _, at, until in self.faults
+                    if kind.startswith("restart_") and until is not None]
+        listeners = conn.execute("SELECT worker, started FROM chaos.listeners").fetchall()
+        for began, up in restarts:
+            for worker, started in listeners:
+                if started > began or kills.get(worker, float("inf")) < up + 30:
                     continue
                 row = conn.execute(
                     "SELECT min(extract(epoch FROM at)) FROM chaos.claims WHERE worker = %s"
-                    " AND at >= to_timestamp(%s)", (item.worker, up)).fetchone()
+                    " AND at >= to_timestamp(%s)", (worker, up)).fetchone()
                 first = row[0] if row else None
                 times.append(float("inf") if first is None else float(first) - up)
         return times
 
     def verdict(self, stop_problems: list[str], wall_s: float) -> Result:
         with psycopg.connect(self.cluster.url(), autocommit=True) as conn:
-            self.load_records(conn)
+            if conn.execute("SELECT count(*) FROM chaos.requests").fetchone() == (0,):
+                self.load_records(conn)
             statements = [part for part in Path(__file__).with_name("analysis.sql").read_text().split(";\n")
                           if part.strip() and not all(line.startswith("--") or not line.strip()
                                                       for line in part.splitlines())]
@@ -558,7 +567,8 @@ class Harness:
             label = f"  {fate}: sink {decision} (answered: {answered}) -> {status} {http_status} {error}"
             figures[label] = str(count)
         figures["listener kills (kill -9)"] = str(sum(1 for f in self.faults if f[0] == "kill"))
-        figures["kills with requests in flight at the sink"] = str(self.kills_in_flight)
+        figures["kills with requests in flight at the sink"] = str(
+            sum(1 for f in self.faults if f[0] == "kill_in_flight"))
         figures["pg_terminate_backend rounds"] = str(sum(1 for f in self.faults if f[0] == "terminate"))
         figures["PostgreSQL restarts (fast / immediate)"] = (
             f"{sum(1 for f in self.faults if f[0] == 'restart_fast')} / "
@@ -621,6 +631,18 @@ def run_chaos(profile: Profile, *, folder: Path, seed: int, keep: bool = False) 
             harness.cluster.stop()
 
 
+def analyze_only(profile: Profile, *, folder: Path) -> Result:
+    """Compute the verdict of a finished run again from its kept database (e.g. after a change
+    to chaos/analysis.sql)."""
+    started = time.monotonic()
+    harness = Harness(profile, folder, 0)
+    harness.cluster.start()
+    try:
+        return harness.verdict([], time.monotonic() - started)
+    finally:
+        harness.cluster.stop()
+
+
 def print_result(result: Result, out: Any = sys.stdout) -> None:
     width = max(len(name) for name in result.figures)
     print("CHAOS FIGURES", file=out)
@@ -643,8 +665,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=ROOT / ".pgdata" / "chaos",
                         help="folder of the harness's cluster and records (default .pgdata/chaos)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    parser.add_argument("--analyze-only", action="store_true",
+                        help="do not run: compute the verdict of the last run kept in --dir again")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    if args.analyze_only:
+        result = analyze_only(PROFILES[args.profile], folder=args.dir.resolve())
+        print_result(result)
+        return 0 if result.ok else 1
     result = run_chaos(PROFILES[args.profile], folder=args.dir.resolve(), seed=seed, keep=args.keep)
     print(f"profile {args.profile}, seed {seed}")
     print_result(result)

@@ -31,6 +31,11 @@ CREATE TABLE chaos.faults (
     until  float8
 );
 
+CREATE TABLE chaos.listeners (
+    worker  text PRIMARY KEY,
+    started float8 NOT NULL   -- Unix seconds
+);
+
 CREATE TABLE chaos.claims (
     run_id  bigint NOT NULL,
     worker  text NOT NULL,
