@@ -64,6 +64,7 @@ def test_metrics_port(raw: str, host: str | None, port: int) -> None:
     ("70000", "must be a port number (0-65535), not 70000"),
 ])
 def test_metrics_port_refused(raw: str, message: str) -> None:
-    with pytest.raises(ConfigError, match="^" + re.escape(f"--metrics-port / PGDISPATCH_METRICS_PORT {message}")):
+    expected = "^" + re.escape(f"--metrics-port / PGDISPATCH_METRICS_PORT {message}")
+    with pytest.raises(ConfigError, match=expected):
         load_settings({"metrics_port": raw}, BASE)
     assert load_settings({}, BASE).metrics_port is None
