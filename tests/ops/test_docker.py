@@ -220,3 +220,11 @@ def test_postgres_init_script_loads_pg_cron_for_the_application_database(fresh_d
     last = done.out.splitlines()[-1]
     assert last.startswith("pg_cron jobs dispatch-tick (SELECT dispatch.tick() every minute)")
     assert last.endswith("registered in database app")
+    # doctor finds the job in the same database (pg_cron has not run it yet: a warning, no failure
+    # but the listener that is missing).
+    doctor = run_cli("doctor", "--json", url=f"postgresql://postgres@127.0.0.1:{port}/app").json
+    statuses = {check["name"]: (check["status"], check["detail"]) for check in doctor["checks"]}
+    assert statuses["pg_cron"] == ("ok", "loaded; its jobs live in this database (cron.database_name)")
+    assert statuses["dispatch-tick job"][0] == "ok"
+    assert statuses["dispatch-tick job"][1].endswith("in database app: '* * * * *' SELECT dispatch.tick()")
+    assert [name for name, (status, _) in statuses.items() if status == "fail"] == ["listeners"]
