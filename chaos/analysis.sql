@@ -6,7 +6,9 @@
 
 CREATE TEMP TABLE final_request AS
 -- The request that answered a run's last attempt: the outcome recorded must match it.
-SELECT DISTINCT ON (r.id) r.id AS rid, q.key, q.worker, q.decision, q.arrived, q.answered
+SELECT DISTINCT ON (r.id) r.id AS rid, q.key, q.worker, q.decision, q.arrived, q.answered,
+       EXISTS (SELECT 1 FROM chaos.faults k
+               WHERE k.kind = 'sink_down' AND q.arrived BETWEEN k.at - 6 AND k.at + 1) AS sink_killed
 FROM dispatch.runs r
 JOIN chaos.requests q ON q.request_id = r.request_id AND q.attempt = r.attempt
 ORDER BY r.id, q.arrived DESC;
@@ -32,9 +34,16 @@ SELECT r.id, r.status, r.error, r.http_status, f.decision, f.answered,
            WHEN f.decision = 'hang' THEN
                CASE WHEN r.status = 'error' AND r.error LIKE 'timeout:%' THEN 'agrees' ELSE 'disagrees' END
            WHEN f.answered IS NULL OR f.decision = 'reset' THEN
-               -- the sink was killed mid-answer, or reset the connection on purpose
+               -- the sink was killed mid-answer, or reset the connection on purpose: a connection
+               -- error; or, when the sink was killed right after sending its answer but before
+               -- recording that it had, the answer it chose
                CASE WHEN r.status = 'error' AND r.http_status IS NULL AND r.error LIKE 'connection %'
-                    THEN 'agrees' ELSE 'disagrees' END
+                    THEN 'agrees'
+                    WHEN f.decision <> 'reset' AND f.sink_killed
+                         AND ((f.decision IN ('ok', 'slow') AND r.status = 'ok' AND r.http_status = 200)
+                              OR (f.decision = 'fail' AND r.status = 'error' AND r.http_status = 500))
+                    THEN 'agrees'
+                    ELSE 'disagrees' END
            WHEN f.decision IN ('ok', 'slow') THEN
                CASE WHEN r.status = 'ok' AND r.http_status = 200 THEN 'agrees' ELSE 'disagrees' END
            WHEN f.decision = 'fail' THEN
