@@ -110,8 +110,7 @@ async def test_args_of_1_mb_are_dispatched_intact(
 
 @pytest.mark.parametrize("depth", [100, 900, 5000])
 async def test_deeply_nested_args_are_dispatched_intact_or_refused_on_write(
-    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], raw_sink: RawSink,
-    start_listener: Callable[..., Awaitable[Running]], depth: int,
+    db: psycopg.Connection, dsn: str, raw_sink: RawSink, depth: int,
 ) -> None:
     text = '{"a": ' + "[" * depth + "1" + "]" * depth + "}"
     refused: str | None = None
@@ -123,10 +122,23 @@ async def test_deeply_nested_args_are_dispatched_intact_or_refused_on_write(
         # Refused on write: acceptable only as a clear data error.
         assert refused[:2] in ("22", "23", "54"), refused
         return
-    # Accepted: then it must be dispatched intact, and the listener must live on.
+    # Accepted: then it must be dispatched intact, and the listener (the real process) must live on.
     _insert(db, "acme", "after")
-    rows = await _dispatch_all(db, adb, start_listener, invoke_url=raw_sink.template)
-    assert [row[2] for row in rows] == ["ok", "ok"], rows
+    proc = await ListenerProcess.start("--database-url", dsn, "--invoke-url", raw_sink.template,
+                                       "--worker-id", "deep", "--sweep-interval", "60")
+    try:
+        await proc.wait_event("listening")
+        mark_all_due(db)
+        await until(lambda: proc.proc.returncode is not None or db.execute(
+            "SELECT count(*) = 2 FROM dispatch.runs WHERE finished_at IS NOT NULL").fetchone() == (True,),
+            within=30, what="both runs finished")
+    finally:
+        code = proc.proc.returncode
+        await proc.kill()
+    failed = [entry.get("message") for entry in proc.logs if entry.get("level") == "error"]
+    assert code is None, f"a schedule with args nested {depth} deep stopped the listener ({code}): {failed}"
+    rows = db.execute("SELECT status FROM dispatch.runs ORDER BY id").fetchall()
+    assert rows == [("ok",), ("ok",)], rows
     bodies = {seen.raw_path.rsplit("/", 1)[-1]: seen.body for seen in raw_sink.seen}
     assert bodies["deep"].decode().replace(" ", "").startswith('{"args":{"a":' + "[" * depth + "1")
 
