@@ -41,6 +41,7 @@ from dispatcher.completion import Completer
 from dispatcher.config import Settings
 from dispatcher.database import Database, DatabaseUnavailable
 from dispatcher.invoke import Invoker, new_session
+from dispatcher.metrics import Metrics, MetricsServer
 from dispatcher.runs import Run
 
 __all__ = ["Listener", "run_listener"]
@@ -113,6 +114,8 @@ class Listener:
         # Claims and ticks keep a connection or two of the pool; outcomes are written on the rest.
         self._completer = Completer(self._db, writers=1,
                                     on_advanced=self._replan_soon, on_done=self._recorded)
+        self.metrics = Metrics()
+        self.metrics.track_in_flight(lambda: self._in_flight)
 
     # -- control ---------------------------------------------------------------------------
 
@@ -264,6 +267,7 @@ class Listener:
                 self._hand_back(run)
                 continue
             self._in_flight += 1
+            self.metrics.sent(run.scheduled_for)
             try:
                 outcome = await invoker.invoke(run)
             except Exception:  # a bug must not take a worker away
@@ -274,6 +278,7 @@ class Listener:
             finally:
                 self._in_flight -= 1
             self._note_duration(outcome.duration_ms / 1000)
+            self.metrics.finished(outcome.status, outcome.duration_ms / 1000)
             self._recording += 1
             self._completer.submit(run, outcome)
 
@@ -383,6 +388,7 @@ class Listener:
                     self._wake.set()
                     break
                 backoff.reset()
+                self.metrics.claimed(len(runs))
                 if runs and self._stopping.is_set():
                     self._outstanding += len(runs)
                     self._held.extend(runs)  # handed back by the shutdown
@@ -425,6 +431,7 @@ class Listener:
                 next_sweep = time.monotonic() + delay
                 continue
             backoff.reset()
+            self.metrics.ticked()
             if marked:
                 logger.debug("tick marked %d runs", marked,
                              extra={"event": "tick", "marked": marked, "sweep": sweep})
@@ -449,6 +456,7 @@ class Listener:
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     if lost:
+                        self.metrics.reconnected()
                         logger.info("database connection is back", extra={"event": "database_reconnected",
                                                                         "attempts": backoff.failures})
                     lost = False
@@ -478,6 +486,14 @@ class Listener:
 async def run_listener(settings: Settings) -> None:
     """Run a Listener until SIGTERM/SIGINT (twice to cancel what is in flight)."""
     listener = Listener(settings)
+    metrics_server = None
+    if settings.metrics_port is not None:
+        metrics_server = MetricsServer(listener.metrics, host=settings.metrics_host,
+                                       port=settings.metrics_port)
+        await metrics_server.start()
+        logger.info("serving metrics on port %s", metrics_server.port,
+                    extra={"event": "metrics_serving", "host": settings.metrics_host or "*",
+                           "port": metrics_server.port})
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, listener.stop, signal.Signals(signum).name)
@@ -486,3 +502,5 @@ async def run_listener(settings: Settings) -> None:
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+        if metrics_server is not None:
+            await metrics_server.close()
