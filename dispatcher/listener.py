@@ -43,6 +43,7 @@ from dispatcher.database import Database, DatabaseUnavailable
 from dispatcher.invoke import Invoker, new_session
 from dispatcher.metrics import Metrics, MetricsServer
 from dispatcher.runs import Run
+from dispatcher.systemd import Notifier
 
 __all__ = ["Listener", "run_listener"]
 
@@ -67,6 +68,8 @@ CLAIM_BATCH_WAIT_S = 0.005
 LEASE_SAFETY_S = 5.0
 # How long shutdown waits for a claim in progress before cancelling it.
 CLAIM_STOP_WAIT_S = 5.0
+# How often the systemd STATUS= line is refreshed (when it changed).
+SYSTEMD_STATUS_EVERY_S = 5.0
 
 
 async def _wait(event: asyncio.Event, timeout_s: float | None) -> bool:
@@ -483,9 +486,36 @@ class Listener:
                 await asyncio.sleep(delay)
 
 
+def _systemd_status(listener: Listener) -> str:
+    worker = listener.settings.worker_id
+    in_flight = listener._in_flight
+    if listener._stopping.is_set():
+        return f"stopping: {in_flight} invocations in flight"
+    if not listener._listening:
+        return f"worker {worker}: database connection lost, reconnecting; {in_flight} invocations in flight"
+    done = listener.metrics.finished_by_status
+    return f"listening as {worker}: {in_flight} in flight, {done['ok']} ok, {done['error']} error since start"
+
+
+async def _tell_systemd(listener: Listener, notifier: Notifier) -> None:
+    """READY=1 once LISTEN is active (and a first sweep ran), then STATUS= whenever it changes."""
+    notifier.status("starting: connecting to the database")
+    await listener.ready.wait()
+    last = _systemd_status(listener)
+    notifier.ready(last)
+    while True:
+        await asyncio.sleep(SYSTEMD_STATUS_EVERY_S)
+        status = _systemd_status(listener)
+        if status != last:
+            notifier.status(status)
+            last = status
+
+
 async def run_listener(settings: Settings) -> None:
-    """Run a Listener until SIGTERM/SIGINT (twice to cancel what is in flight)."""
+    """Run a Listener until SIGTERM/SIGINT (twice to cancel what is in flight). Under systemd
+    (Type=notify) it says READY=1, STATUS=…, WATCHDOG=1 and STOPPING=1 (dispatcher/systemd.py)."""
     listener = Listener(settings)
+    notifier = Notifier()
     metrics_server = None
     if settings.metrics_port is not None:
         metrics_server = MetricsServer(listener.metrics, host=settings.metrics_host,
@@ -494,12 +524,24 @@ async def run_listener(settings: Settings) -> None:
         logger.info("serving metrics on port %s", metrics_server.port,
                     extra={"event": "metrics_serving", "host": settings.metrics_host or "*",
                            "port": metrics_server.port})
+
+    def on_signal(name: str) -> None:
+        notifier.stopping(f"stopping ({name}): {listener._in_flight} invocations in flight")
+        listener.stop(name)
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, listener.stop, signal.Signals(signum).name)
+        loop.add_signal_handler(signum, on_signal, signal.Signals(signum).name)
+    helpers = [asyncio.create_task(_tell_systemd(listener, notifier), name="pgdispatch-systemd-status"),
+               asyncio.create_task(notifier.watchdog(), name="pgdispatch-systemd-watchdog")]
     try:
         await listener.run()
     finally:
+        notifier.stopping("stopped")
+        for task in helpers:
+            task.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        notifier.close()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         if metrics_server is not None:

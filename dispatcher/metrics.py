@@ -57,6 +57,7 @@ class Metrics:
             "Seconds since the last successful dispatch.tick() call by this listener (NaN before the first).",
             registry=registry)
         self._last_tick_mono: float | None = None
+        self.finished_by_status: dict[str, int] = {"ok": 0, "error": 0}  # for systemd's STATUS= line
         self.tick_age.set_function(self._tick_age)
 
     def _tick_age(self) -> float:
@@ -72,6 +73,7 @@ class Metrics:
 
     def finished(self, status: str, duration_s: float) -> None:
         self.outcomes.labels(status).inc()
+        self.finished_by_status[status] = self.finished_by_status.get(status, 0) + 1
         self.invocation_duration.observe(duration_s)
 
     def claimed(self, count: int) -> None:

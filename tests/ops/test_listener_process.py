@@ -1,0 +1,138 @@
+"""The real `pgdispatch listen` process as operators run it: under a (fake) systemd service
+manager listening on a unix datagram socket, and scraped by Prometheus over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import uuid
+from collections.abc import Iterator
+
+import aiohttp
+import psycopg
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.listener.kit import Call, ListenerProcess, Sink, add_schedules, until
+
+NOWHERE = "http://127.0.0.1:9/projects/{project_id}/functions/{function_name}"
+
+
+@pytest.fixture
+def abstract_socket() -> Iterator[tuple[str, socket.socket]]:
+    """A bound datagram socket in the abstract namespace: NOTIFY_SOCKET=@name."""
+    name = f"pgdispatch-test-{uuid.uuid4().hex}"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind("\0" + name)
+    server.setblocking(False)
+    yield "@" + name, server
+    server.close()
+
+
+async def test_listener_process_notifies_systemd(abstract_socket: tuple[str, socket.socket],
+                                                 db: psycopg.Connection, dsn: str) -> None:
+    """READY=1 once LISTEN is active, STATUS lines, WATCHDOG=1 pings, STOPPING=1 on SIGTERM."""
+    address, server = abstract_socket
+    loop = asyncio.get_running_loop()
+    messages: list[str] = []
+
+    async def receive() -> None:
+        while True:
+            messages.append((await loop.sock_recv(server, 4096)).decode())
+
+    receiver = asyncio.create_task(receive())
+    proc = await ListenerProcess.start(
+        "--database-url", dsn, "--invoke-url", NOWHERE,
+        "--worker-id", "sd-test", "--sweep-interval", "60",
+        env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "400000"})
+    try:
+        await until(lambda: any("READY=1" in m for m in messages), within=15, what="READY=1")
+        ready = next(m for m in messages if "READY=1" in m)
+        # LISTEN is active by then: the listener's session shows in dispatch.listeners.
+        row = db.execute("SELECT bool_or(listening) FROM dispatch.listeners WHERE worker = %s",
+                         ("sd-test",)).fetchone()
+        assert row == (True,)
+        assert "STATUS=listening as sd-test: 0 in flight, 0 ok, 0 error since start" in ready.split("\n")
+        assert f"MAINPID={proc.proc.pid}" in ready.split("\n")
+        before = len(messages)
+        await asyncio.sleep(1.1)
+        assert messages[before:].count("WATCHDOG=1") >= 3
+
+        proc.signal(signal.SIGTERM)
+        assert await proc.wait() == 0
+        await asyncio.sleep(0.05)
+    finally:
+        await proc.kill()
+        receiver.cancel()
+    stopping = [m for m in messages if "STOPPING=1" in m]
+    assert stopping and stopping[0].startswith("STOPPING=1\nSTATUS=stopping")
+    assert messages.index(stopping[0]) > messages.index(ready)
+    assert messages[0] == "STATUS=starting: connecting to the database"
+    assert messages[-1] == "STOPPING=1\nSTATUS=stopped"
+
+
+async def _scrape(port: int) -> dict[str, float]:
+    """Every sample of /metrics by name and labels, e.g. 'pgdispatch_runs_total{status="ok"}'."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain; version=")
+        text = await response.text()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{key}="{value}"' for key, value in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
+
+
+async def test_metrics_scraped_from_a_running_listener(db: psycopg.Connection, dsn: str, sink: Sink) -> None:
+    async def fails(request: web.Request, call: Call) -> web.StreamResponse:
+        return web.json_response({"ok": False, "code": "nope", "message": "failed on purpose"}, status=500)
+
+    sink.handlers["broken"] = fails
+    add_schedules(db, 3, function_name="fine")
+    add_schedules(db, 1, function_name="broken")
+    proc = await ListenerProcess.start(
+        "--database-url", dsn, "--invoke-url", sink.template, "--worker-id", "metrics",
+        "--sweep-interval", "1", env={"PGDISPATCH_METRICS_PORT": "127.0.0.1:0"})
+    try:
+        serving = await proc.wait_event("metrics_serving")
+        port = serving["port"]
+        assert serving["host"] == "127.0.0.1" and port > 0
+        await proc.wait_event("listening")
+        before = await _scrape(port)
+        assert before['pgdispatch_runs_total{status="ok"}'] == 0
+        assert before["pgdispatch_in_flight"] == 0
+
+        # Due 3 seconds ago (a DBA's "run now"): the listener's sweep marks and claims them.
+        db.execute("UPDATE dispatch.schedules SET next_run_at = now() - interval '3 seconds'")
+        await until(lambda: db.execute("SELECT count(*) FROM dispatch.runs WHERE status IN ('ok', 'error')"
+                                       ).fetchone() == (4,), what="four runs recorded")
+        after = await _scrape(port)
+        assert after['pgdispatch_runs_total{status="ok"}'] == 3
+        assert after['pgdispatch_runs_total{status="error"}'] == 1
+        assert after["pgdispatch_invocation_duration_seconds_count"] == 4
+        assert after["pgdispatch_dispatch_latency_seconds_count"] == 4
+        # From the slot, 3 s ago, to the request: more than 2.5 s, less than 10 s.
+        assert after['pgdispatch_dispatch_latency_seconds_bucket{le="2.5"}'] == 0
+        assert after['pgdispatch_dispatch_latency_seconds_bucket{le="10.0"}'] == 4
+        assert after["pgdispatch_claim_batch_size_sum"] == 4
+        assert after["pgdispatch_claim_batch_size_count"] >= 1
+        assert after["pgdispatch_in_flight"] == 0
+        assert 0 <= after["pgdispatch_last_tick_age_seconds"] < 5
+        assert after["pgdispatch_last_tick_timestamp_seconds"] > 1.7e9
+        assert after["pgdispatch_database_reconnects_total"] == 0
+
+        # The LISTEN session is killed: the listener reconnects and counts it.
+        db.execute("SELECT pg_terminate_backend(pid) FROM dispatch.listeners"
+                   " WHERE worker = 'metrics' AND listening")
+        await proc.wait_event("database_reconnected", within=15)
+        assert (await _scrape(port))["pgdispatch_database_reconnects_total"] == 1
+
+        proc.signal(signal.SIGTERM)
+        assert await proc.wait() == 0
+    finally:
+        await proc.kill()
