@@ -121,7 +121,7 @@ BEGIN
         ERRCODE = 'invalid_parameter_value',
         MESSAGE = format('cron_expression "%s": %s',
                          CASE WHEN length(expr) > 80 THEN left(expr, 80) || '...' ELSE expr END,
-                         detail),
+                         CASE WHEN length(detail) > 160 THEN left(detail, 160) || '...' ELSE detail END),
         HINT = coalesce(hint, 'Five fields: minute hour day-of-month month day-of-week, e.g. "*/15 * * * *".');
 END
 $$;
@@ -499,6 +499,19 @@ BEGIN
             MESSAGE = format('function_name %s is not a function name',
                              coalesce('"' || left(NEW.function_name, 80) || '"', 'NULL')),
             HINT = 'A letter or digit, then letters, digits, "_", "." or "-", at most 128 characters.';
+    END IF;
+    IF TG_OP = 'INSERT' OR NEW.args IS DISTINCT FROM OLD.args THEN
+        -- args travel in every request body: bound them here rather than in every listener
+        IF octet_length(NEW.args::text) > 1048576 THEN
+            RAISE EXCEPTION 'args is % bytes of JSON; at most 1048576 are allowed', octet_length(NEW.args::text)
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass a reference (a key, a URL) that the function fetches instead.';
+        END IF;
+        IF jsonb_path_exists(NEW.args, 'strict $.**{65}') THEN
+            RAISE EXCEPTION 'args nest more than 64 levels deep'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass a reference (a key, a URL) that the function fetches instead.';
+        END IF;
     END IF;
     NEW.cron_spec := dispatch.cron_parse(NEW.cron_expression);
     IF NEW.cron_spec IS NULL THEN
@@ -1429,7 +1442,7 @@ CREATE TABLE dispatch.schedules (
     CONSTRAINT schedules_last_status_check CHECK ((last_status = ANY (ARRAY['ok'::text, 'error'::text, 'skipped'::text, 'lost'::text]))),
     CONSTRAINT schedules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 10))),
     CONSTRAINT schedules_next_run_at_live_check CHECK (((next_run_at IS NULL) OR (enabled AND (deleted_at IS NULL)))),
-    CONSTRAINT schedules_project_id_check CHECK ((project_id ~ '^[^[:space:][:cntrl:]/]{1,200}$'::text))
+    CONSTRAINT schedules_project_id_check CHECK (((project_id ~ '^[^[:space:][:cntrl:]/]{1,200}$'::text) AND (project_id !~ '^[.]{1,2}$'::text)))
 );
 
 
@@ -1444,7 +1457,7 @@ COMMENT ON TABLE dispatch.schedules IS 'One row per schedule. INSERT/UPDATE from
 -- Name: COLUMN schedules.project_id; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON COLUMN dispatch.schedules.project_id IS 'Tenant; percent-encoded into the invoke URL.';
+COMMENT ON COLUMN dispatch.schedules.project_id IS 'Tenant: 1-200 characters, no whitespace, control characters or /, not . or .. (it is one segment of the invoke URL).';
 
 
 --
@@ -1465,7 +1478,7 @@ COMMENT ON COLUMN dispatch.schedules.timezone IS 'IANA zone name (pg_timezone_na
 -- Name: COLUMN schedules.args; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON COLUMN dispatch.schedules.args IS 'JSON object passed as "args" in the request body.';
+COMMENT ON COLUMN dispatch.schedules.args IS 'JSON object passed as "args" in the request body; at most 1 MiB of JSON text and 64 levels deep.';
 
 
 --

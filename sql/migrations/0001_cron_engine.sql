@@ -30,7 +30,7 @@ BEGIN
         ERRCODE = 'invalid_parameter_value',
         MESSAGE = format('cron_expression "%s": %s',
                          CASE WHEN length(expr) > 80 THEN left(expr, 80) || '...' ELSE expr END,
-                         detail),
+                         CASE WHEN length(detail) > 160 THEN left(detail, 160) || '...' ELSE detail END),
         HINT = coalesce(hint, 'Five fields: minute hour day-of-month month day-of-week, e.g. "*/15 * * * *".');
 END
 $$;

@@ -106,7 +106,7 @@ CREATE TABLE dispatch.schedules (
     created_at      timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT schedules_project_id_check
-        CHECK (project_id ~ '^[^[:space:][:cntrl:]/]{1,200}$'),
+        CHECK (project_id ~ '^[^[:space:][:cntrl:]/]{1,200}$' AND project_id !~ '^[.]{1,2}$'),
     CONSTRAINT schedules_args_check
         CHECK (jsonb_typeof(args) = 'object'),
     CONSTRAINT schedules_last_status_check
@@ -118,11 +118,11 @@ CREATE TABLE dispatch.schedules (
 );
 COMMENT ON TABLE dispatch.schedules IS
     'One row per schedule. INSERT/UPDATE from any client validates cron_expression, timezone and function_name and computes next_run_at.';
-COMMENT ON COLUMN dispatch.schedules.project_id IS 'Tenant; percent-encoded into the invoke URL.';
+COMMENT ON COLUMN dispatch.schedules.project_id IS 'Tenant: 1-200 characters, no whitespace, control characters or /, not . or .. (it is one segment of the invoke URL).';
 COMMENT ON COLUMN dispatch.schedules.function_name IS
     'Function to call: a letter or digit, then letters, digits, _ . - (at most 128); percent-encoded into the invoke URL.';
 COMMENT ON COLUMN dispatch.schedules.timezone IS 'IANA zone name (pg_timezone_names) the expression is read in.';
-COMMENT ON COLUMN dispatch.schedules.args IS 'JSON object passed as "args" in the request body.';
+COMMENT ON COLUMN dispatch.schedules.args IS 'JSON object passed as "args" in the request body; at most 4 MiB of JSON text and 64 levels deep.';
 COMMENT ON COLUMN dispatch.schedules.deleted_at IS 'Soft delete: set it to stop the schedule and keep its history.';
 COMMENT ON COLUMN dispatch.schedules.next_run_at IS
     'Next slot to fire; NULL when disabled or deleted. Stays on a slot while its run is pending or running; dispatch.complete_run advances it.';
@@ -168,6 +168,19 @@ BEGIN
             MESSAGE = format('function_name %s is not a function name',
                              coalesce('"' || left(NEW.function_name, 80) || '"', 'NULL')),
             HINT = 'A letter or digit, then letters, digits, "_", "." or "-", at most 128 characters.';
+    END IF;
+    IF TG_OP = 'INSERT' OR NEW.args IS DISTINCT FROM OLD.args THEN
+        -- args travel in every request body: bound them here rather than in every listener
+        IF octet_length(NEW.args::text) > 4194304 THEN
+            RAISE EXCEPTION 'args is % bytes of JSON; at most 4194304 (4 MiB) are allowed', octet_length(NEW.args::text)
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass a reference (a key, a URL) that the function fetches instead.';
+        END IF;
+        IF jsonb_path_exists(NEW.args, 'strict $.**{65}') THEN
+            RAISE EXCEPTION 'args nest more than 64 levels deep'
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass a reference (a key, a URL) that the function fetches instead.';
+        END IF;
     END IF;
     NEW.cron_spec := dispatch.cron_parse(NEW.cron_expression);
     IF NEW.cron_spec IS NULL THEN
