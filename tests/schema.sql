@@ -502,8 +502,8 @@ BEGIN
     END IF;
     IF TG_OP = 'INSERT' OR NEW.args IS DISTINCT FROM OLD.args THEN
         -- args travel in every request body: bound them here rather than in every listener
-        IF octet_length(NEW.args::text) > 1048576 THEN
-            RAISE EXCEPTION 'args is % bytes of JSON; at most 1048576 are allowed', octet_length(NEW.args::text)
+        IF octet_length(NEW.args::text) > 4194304 THEN
+            RAISE EXCEPTION 'args is % bytes of JSON; at most 4194304 (4 MiB) are allowed', octet_length(NEW.args::text)
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Pass a reference (a key, a URL) that the function fetches instead.';
         END IF;
@@ -1478,7 +1478,7 @@ COMMENT ON COLUMN dispatch.schedules.timezone IS 'IANA zone name (pg_timezone_na
 -- Name: COLUMN schedules.args; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON COLUMN dispatch.schedules.args IS 'JSON object passed as "args" in the request body; at most 1 MiB of JSON text and 64 levels deep.';
+COMMENT ON COLUMN dispatch.schedules.args IS 'JSON object passed as "args" in the request body; at most 4 MiB of JSON text and 64 levels deep.';
 
 
 --
