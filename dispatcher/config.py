@@ -8,6 +8,7 @@ $CREDENTIALS_DIRECTORY, read when neither the flag nor the variable gives the se
 from __future__ import annotations
 
 import os
+import re
 import socket
 import string
 from collections.abc import Mapping
@@ -133,7 +134,8 @@ class Settings:
             try:
                 psycopg.conninfo.conninfo_to_dict(value)
             except psycopg.ProgrammingError as exc:
-                why = " ".join(str(exc).split())
+                # libpq quotes the offending part, which can be the whole URL, password and all
+                why = _QUOTED.sub(_hide_long_quote, " ".join(str(exc).split()))
                 raise _invalid(name, f"is not a libpq connection string or URL ({why})") from None
         _check_template(self.invoke_url)
         if self.concurrency < 1:
@@ -204,6 +206,14 @@ def _check_template(template: str) -> None:
     parts = urlsplit(template.format(project_id="p", function_name="f"))
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise _invalid("invoke_url", f"must be an http:// or https:// URL, not {template!r}")
+
+
+_QUOTED = re.compile(r'"([^"]*)"')
+
+
+def _hide_long_quote(match: re.Match[str]) -> str:
+    quoted = match.group(1)
+    return '"…"' if len(quoted) > 24 or "@" in quoted or "password" in quoted.lower() else match.group(0)
 
 
 def redact_conninfo(conninfo: str) -> str:

@@ -195,8 +195,9 @@ class Listener:
         started = time.monotonic()
         for task in services:
             task.cancel()
-        # A claim in progress is let finish: its runs are handed back below.
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+        # A claim in progress is let finish: its runs are handed back below. A claimer that
+        # failed was reported by run(): shutting down must still release and record.
+        with contextlib.suppress(Exception, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(claimer), CLAIM_STOP_WAIT_S)
         claimer.cancel()
         await asyncio.gather(claimer, *services, return_exceptions=True)
