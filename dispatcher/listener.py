@@ -372,7 +372,9 @@ class Listener:
         return max(1, self._room()[0])
 
     async def _claim_loop(self) -> None:
-        backoff = Backoff()
+        # Retrying a claim is one cheap attempt on the pool: keep it frequent, so that runs are
+        # claimed within about a second of the database coming back.
+        backoff = Backoff(max_s=1.0)
         while True:
             await self._wake.wait()
             if self._stopping.is_set():
@@ -411,7 +413,7 @@ class Listener:
     async def _clock_loop(self) -> None:
         interval = self.settings.sweep_interval_s
         next_sweep = time.monotonic()
-        backoff = Backoff()
+        backoff = Backoff(max_s=1.0)  # as the claimer: tick again soon after the database is back
         while True:
             self._replan.clear()
             if self._sweep_requested:
