@@ -91,7 +91,7 @@ def test_watchdog_interval_is_half_of_watchdog_usec() -> None:
 
 async def test_watchdog_pings_only_while_healthy(abstract_socket: tuple[str, socket.socket]) -> None:
     address, server = abstract_socket
-    notifier = Notifier({"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "400000"})  # a ping every 0.2 s
+    notifier = Notifier({"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1000000"})  # a ping every 0.5 s
     healthy = True
     task = asyncio.create_task(notifier.watchdog(lambda: healthy))
 
@@ -103,20 +103,20 @@ async def test_watchdog_pings_only_while_healthy(abstract_socket: tuple[str, soc
             except BlockingIOError:
                 return messages
 
-    await asyncio.sleep(1.1)
+    await asyncio.sleep(2.2)
     pings = received()
-    assert 3 <= len(pings) <= 6 and set(pings) == {b"WATCHDOG=1"}
+    assert 2 <= len(pings) <= 5 and set(pings) == {b"WATCHDOG=1"}
     healthy = False
-    await asyncio.sleep(0.7)
+    await asyncio.sleep(1.2)
     assert received() == []
     healthy = True
     await asyncio.sleep(0.1)
     received()
     # The loop is blocked on purpose: the ping due meanwhile comes late and is skipped.
-    time.sleep(0.6)  # noqa: ASYNC251
+    time.sleep(1.0)  # noqa: ASYNC251
     await asyncio.sleep(0.05)
     assert received() == []
-    await until(received, within=2, what="pings again")
+    await until(received, within=5, what="pings again")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
