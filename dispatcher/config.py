@@ -280,7 +280,8 @@ def resolve_database_url(flag: str | None, environ: Mapping[str, str] | None = N
     try:
         psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        why = " ".join(str(exc).split())
+        # libpq quotes the URL it could not parse, password and all: leave it out.
+        why = " ".join(str(exc).replace(url, "...").split())
         raise _invalid("database_url", f"is not a libpq connection string or URL ({why})") from None
     return url
 

@@ -60,6 +60,14 @@ def test_flag_wins_and_credentials_directory_is_read(dsn: str, tmp_path: Path) -
     assert unreachable.err.startswith("pgdispatch runs list: cannot connect to the database:")
 
 
+def test_a_bad_url_is_refused_without_echoing_its_password() -> None:
+    done = run_cli("schedules", "list", url="postgresql://u:hostile-password-42@[::1/db")
+    assert done.code == 2
+    assert done.err.startswith(
+        "pgdispatch schedules list: --database-url / PGDISPATCH_DATABASE_URL is not a libpq")
+    assert "hostile-password-42" not in done.err
+
+
 def _add(cli: Callable[..., Result], *args: str) -> dict[str, object]:
     done = cli("schedules", "add", "--project", "acme", *args, "--json")
     assert done.code == 0, done.err
