@@ -66,6 +66,9 @@ def load_schema(*, dbname: str, **_: object) -> None:
     psql(dbname, "-q", "-f", str(ROOT / "sql" / "install.sql"))
 
 
+# The loopback function endpoint (fixture `sink`), shared by tests/listener and tests/ops.
+pytest_plugins = ["tests.listener.kit"]
+
 postgresql_noproc = factories.postgresql_noproc(dbname="pgdispatch_test", load=[load_schema])
 postgresql = factories.postgresql("postgresql_noproc")
 

@@ -11,26 +11,11 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 import pytest
-from aiohttp import web
 
 from dispatcher.config import Settings
 from dispatcher.listener import Listener
 
 from .kit import Running, Sink
-
-
-@pytest.fixture
-async def sink() -> AsyncIterator[Sink]:
-    sink = Sink()
-    app = web.Application()
-    app.router.add_post("/projects/{project_id}/functions/{function_name}", sink.handle)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-    await site.start()
-    sink.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    yield sink
-    await runner.cleanup()
 
 
 @pytest.fixture

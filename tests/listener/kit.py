@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,3 +168,18 @@ class ListenerProcess:
             self.proc.kill()
             await self.proc.wait()
         await self._reader
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[Sink]:
+    """A function endpoint on loopback recording every call."""
+    sink = Sink()
+    app = web.Application()
+    app.router.add_post("/projects/{project_id}/functions/{function_name}", sink.handle)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+    await site.start()
+    sink.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    yield sink
+    await runner.cleanup()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,7 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 import pytest
-from aiohttp import web
-
-from tests.listener.kit import Sink
+from prometheus_client.parser import text_string_to_metric_families
 
 PGDISPATCH = Path(sys.executable).parent / "pgdispatch"
 
@@ -77,14 +76,22 @@ def empty_database(admin_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-async def sink() -> AsyncIterator[Sink]:
-    """A function endpoint on loopback recording every call (tests/listener/kit.py's Sink)."""
-    sink = Sink()
-    app = web.Application()
-    app.router.add_post("/projects/{project_id}/functions/{function_name}", sink.handle)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    sink.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    yield sink
-    await runner.cleanup()
+def abstract_socket() -> Iterator[tuple[str, socket.socket]]:
+    """A bound datagram socket in the abstract namespace: NOTIFY_SOCKET=@name."""
+    name = f"pgdispatch-test-{uuid.uuid4().hex}"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind("\0" + name)
+    server.setblocking(False)
+    yield "@" + name, server
+    server.close()
+
+
+def metric_samples(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus exposition by name and labels,
+    e.g. 'pgdispatch_runs_total{status="ok"}'."""
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{key}="{value}"' for key, value in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples

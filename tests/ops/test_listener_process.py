@@ -6,29 +6,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
-import uuid
-from collections.abc import Iterator
 
 import aiohttp
 import psycopg
-import pytest
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.listener.kit import Call, ListenerProcess, Sink, add_schedules, until
+from tests.ops.conftest import metric_samples
 
 NOWHERE = "http://127.0.0.1:9/projects/{project_id}/functions/{function_name}"
-
-
-@pytest.fixture
-def abstract_socket() -> Iterator[tuple[str, socket.socket]]:
-    """A bound datagram socket in the abstract namespace: NOTIFY_SOCKET=@name."""
-    name = f"pgdispatch-test-{uuid.uuid4().hex}"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    server.bind("\0" + name)
-    server.setblocking(False)
-    yield "@" + name, server
-    server.close()
 
 
 async def test_listener_process_notifies_systemd(abstract_socket: tuple[str, socket.socket],
@@ -78,13 +64,7 @@ async def _scrape(port: int) -> dict[str, float]:
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         assert response.status == 200
         assert response.headers["Content-Type"].startswith("text/plain; version=")
-        text = await response.text()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{key}="{value}"' for key, value in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
+        return metric_samples(await response.text())
 
 
 async def test_metrics_scraped_from_a_running_listener(db: psycopg.Connection, dsn: str, sink: Sink) -> None:

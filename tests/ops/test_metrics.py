@@ -7,18 +7,9 @@ import math
 from datetime import UTC, datetime, timedelta
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from dispatcher.metrics import Metrics, MetricsServer
-
-
-def _samples(text: str) -> dict[str, float]:
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{key}="{value}"' for key, value in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
+from tests.ops.conftest import metric_samples
 
 
 async def test_hooks_and_endpoint() -> None:
@@ -32,7 +23,7 @@ async def test_hooks_and_endpoint() -> None:
             async def scrape(path: str = "/metrics") -> dict[str, float]:
                 async with session.get(f"http://127.0.0.1:{server.port}{path}") as response:
                     assert response.status == 200
-                    return _samples(await response.text())
+                    return metric_samples(await response.text())
 
             empty = await scrape()
             assert empty['pgdispatch_runs_total{status="ok"}'] == 0
@@ -64,4 +55,4 @@ async def test_hooks_and_endpoint() -> None:
 def test_listeners_in_one_process_do_not_share_metrics() -> None:
     first, second = Metrics(), Metrics()
     first.finished("ok", 0.1)
-    assert _samples(second.exposition().decode())['pgdispatch_runs_total{status="ok"}'] == 0
+    assert metric_samples(second.exposition().decode())['pgdispatch_runs_total{status="ok"}'] == 0

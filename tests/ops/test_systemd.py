@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,17 +32,6 @@ def notify_socket(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
     server.bind(str(path))
     server.settimeout(5)
     yield str(path), server
-    server.close()
-
-
-@pytest.fixture
-def abstract_socket() -> Iterator[tuple[str, socket.socket]]:
-    """A bound datagram socket in the abstract namespace: NOTIFY_SOCKET=@name."""
-    name = f"pgdispatch-test-{uuid.uuid4().hex}"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    server.bind("\0" + name)
-    server.setblocking(False)
-    yield "@" + name, server
     server.close()
 
 
