@@ -1,81 +1,53 @@
-"""Dispatch benchmark: N slots due at once, a fast local sink, one real `pgdispatch listen`.
+"""Dispatch benchmark: N slots due at once, a fast local sink, one or two real `pgdispatch listen`.
 
-    .venv/bin/python bench/dispatch.py [--runs 10000] [--concurrency 64] [--rounds 3] [--single 20]
+    .venv/bin/python -m bench.dispatch [--runs 10000,50000] [--listeners 1,2] [--concurrency 64]
+                                       [--rounds 3] [--single 20]
 
-Prints, against the same sink in the same run, --rounds times alternately (then the medians):
-- the bare loop: the listener's own HTTP stack (dispatcher.invoke.Invoker on one shared aiohttp
-  session) POSTing as fast as it can with the same concurrency: the stack's physical limit;
-- end to end: N schedules due at the same instant, the listener's timer ticks at that instant,
-  claims, POSTs and records each (runs/s from the instant to the last recorded outcome), and
-  the latency from the slot's instant to the request's arrival at the sink (p50, p99, max);
-  and the CPU time the listener, PostgreSQL and the sink used per run (steadier than rates on a
-  shared machine);
-- a single due schedule, --single times: latency from its instant to the request's arrival.
+Against one nginx sink (bench/sink.py, its own process), --rounds times alternately (medians
+printed at the end):
+- the limits: a bare aiohttp loop (one ClientSession POSTing a small JSON body with the same
+  concurrency, nothing else) and a bare loop of the listener's own HTTP stack
+  (dispatcher.invoke.Invoker: URL template, JSON payload, signature, response classification);
+- end to end, for each --listeners count and each --runs size: that many schedules due at the
+  same instant, the listeners' timers tick at that instant, claim, POST and record each:
+  runs/s from the instant to the last recorded outcome, the latency from the slot's instant to
+  the request's arrival at the sink (p50, p99, max), and the CPU each process used per run
+  (steadier than rates on a shared machine);
+- finally a single due schedule, --single times: latency from its instant to the request.
 
 The private cluster lives in --dir (default .pgdata/bench-dispatch), started with the test
 clusters' fast settings (fsync off): the figures are the dispatcher's, not the disk's.
-The sink runs in its own process (this script with `sink`), the listener in its own process.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aiohttp
 import psycopg
-from aiohttp import web
+
+from bench.sink import NginxSink
+from dispatcher.invoke import Invoker, new_session
+from dispatcher.migrations import install
+from dispatcher.runs import Run
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from dispatcher.invoke import Invoker, new_session  # noqa: E402
-from dispatcher.migrations import install  # noqa: E402
-from dispatcher.runs import Run  # noqa: E402
-
 DATABASE = "bench_dispatch"
 FINISHED = "SELECT count(*) FROM dispatch.runs WHERE finished_at IS NOT NULL"
 
+__all__ = ["measure"]
 
-# -- the sink (a separate process) ---------------------------------------------------------
-
-def run_sink() -> None:
-    arrivals: list[tuple[str, float]] = []
-    answer = b'{"ok":true}'
-
-    async def call(request: web.Request) -> web.Response:
-        arrivals.append((request.headers.get("X-Request-Id", ""), time.time()))
-        await request.read()
-        return web.Response(body=answer, content_type="application/json")
-
-    async def stats(request: web.Request) -> web.Response:
-        data = json.dumps(arrivals)
-        arrivals.clear()
-        return web.Response(text=data, content_type="application/json")
-
-    async def main() -> None:
-        app = web.Application()
-        app.router.add_post("/projects/{project_id}/functions/{function_name}", call)
-        app.router.add_get("/stats", stats)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=2048)
-        await site.start()
-        print(runner.addresses[0][1], flush=True)
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
-
-
-# -- helpers ---------------------------------------------------------------------------------
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -102,33 +74,47 @@ def cluster_pids(data_dir: Path) -> list[int]:
     return [postmaster, *map(int, children)]
 
 
-def fetch_arrivals(sink_url: str) -> dict[str, float]:
-    import urllib.request
-
-    with urllib.request.urlopen(f"{sink_url}/stats") as response:  # noqa: S310 - loopback
-        return dict(json.load(response))
-
-
-def wait_until(predicate: object, what: str, within: float = 120.0, every: float = 0.01) -> None:
+def wait_until(predicate: Callable[[], object], what: str, within: float = 120.0,
+               every: float = 0.01) -> None:
     deadline = time.monotonic() + within
-    while not predicate():  # type: ignore[operator]
+    while not predicate():
         if time.monotonic() > deadline:
             raise SystemExit(f"bench: timed out waiting for {what}")
         time.sleep(every)
 
 
-async def bare_loop(template: str, *, total: int, concurrency: int) -> float:
-    """requests/s of the listener's HTTP stack alone."""
+# -- the limits ------------------------------------------------------------------------------
+
+async def bare_aiohttp(url: str, *, total: int, concurrency: int) -> float:
+    """requests/s of aiohttp alone: one session, `concurrency` workers, a small JSON body."""
+    body = b'{"args":{"i":1},"invoker":{"kind":"schedule"}}'
+    headers = {"Content-Type": "application/json", "X-Request-Id": "bare"}
+    remaining = total
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    assert response.status == 200, response.status
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return total / (time.perf_counter() - started)
+
+
+async def bare_invoker(template: str, *, total: int, concurrency: int) -> float:
+    """requests/s of the listener's HTTP stack alone (Invoker on the listener's session)."""
     now = datetime.now(UTC)
-    runs = [
-        Run(run_id=i, schedule_id="00000000-0000-0000-0000-000000000000", project_id="bench",
-            function_name="sink", args={"i": i}, request_id=f"bare_{i}", scheduled_for=now, attempt=1,
-            lease_until=now, lease_deadline=0.0)
-        for i in range(total)
-    ]
     queue: asyncio.Queue[Run] = asyncio.Queue()
-    for run in runs:
-        queue.put_nowait(run)
+    for i in range(total):
+        queue.put_nowait(Run(
+            run_id=i, schedule_id="00000000-0000-0000-0000-000000000000", project_id="bench",
+            function_name="sink", args={"i": i}, request_id=f"bare_{i}", scheduled_for=now,
+            attempt=1, lease_until=now, lease_deadline=0.0))
 
     async with new_session(concurrency=concurrency) as session:
         invoker = Invoker(session, url_template=template, timeout_s=30, secret=b"bench-secret")
@@ -143,157 +129,198 @@ async def bare_loop(template: str, *, total: int, concurrency: int) -> float:
         return total / (time.perf_counter() - started)
 
 
+# -- end to end ------------------------------------------------------------------------------
+
+@contextmanager
+def listeners(count: int, *, url: str, template: str, concurrency: int, log_dir: Path,
+              log_level: str) -> Iterator[list[int]]:
+    """`count` real listener processes, each with --concurrency; yields their pids."""
+    processes: list[subprocess.Popen[bytes]] = []
+    logs = [log_dir / f"listener-{count}-{n}.log" for n in range(count)]
+    try:
+        for n, log_path in enumerate(logs):
+            with log_path.open("wb") as log:
+                processes.append(subprocess.Popen(
+                    [str(Path(sys.executable).parent / "pgdispatch"), "listen", "--database-url", url,
+                     "--invoke-url", template, "--concurrency", str(concurrency), "--sweep-interval", "60",
+                     "--worker-id", f"bench-{n}", "--log-level", log_level],
+                    stderr=log, env={**os.environ, "PGDISPATCH_SIGNING_SECRET": "bench-secret"},
+                ))
+        for log_path in logs:
+            wait_until(lambda: b'"listening"' in log_path.read_bytes(), "the listener")  # noqa: B023
+        time.sleep(0.5)  # let their first sweeps pass
+        yield [p.pid for p in processes]
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            process.wait(60)
+
+
+class Round:
+    """One end-to-end round's figures."""
+
+    def __init__(self, rate: float, latencies: list[float], cpu_us: dict[str, float], bad: int) -> None:
+        self.rate, self.latencies, self.cpu_us, self.bad = rate, latencies, cpu_us, bad
+
+
+def end_to_end(db: psycopg.Connection, sink: NginxSink, *, runs: int, listener_pids: list[int],
+               pg_dir: Path) -> Round:
+    """`runs` schedules due at one instant, 2 s ahead: the listeners' timers tick then."""
+    finished = db.execute(FINISHED).fetchone()
+    assert finished is not None
+    pg = cluster_pids(pg_dir)
+    processes = {"listeners": listener_pids, "PostgreSQL": pg, "sink": sink.pids()}
+    before = {name: cpu_s(pids) for name, pids in processes.items()}
+    with db.transaction():
+        row = db.execute(
+            "UPDATE dispatch.schedules SET next_run_at = date_trunc('second', now()) + interval '2 s'"
+            " WHERE id IN (SELECT id FROM dispatch.schedules ORDER BY id LIMIT %s)"
+            " RETURNING extract(epoch FROM next_run_at)::float8", (runs,),
+        ).fetchone()
+        db.execute("SELECT pg_notify('dispatch', 'schedules')")
+    assert row is not None
+    instant = row[0]
+    target = (finished[0] + runs,)
+    # Polled every 0.25 s: the count scans the runs table, and polling it every 10 ms took CPU
+    # from PostgreSQL and the listener. The rate comes from max(finished_at), not the poll.
+    wait_until(lambda: db.execute(FINISHED).fetchone() == target, "all runs recorded", within=900, every=0.25)
+    used = {name: (cpu_s(pids) - before[name]) / runs * 1e6 for name, pids in processes.items()}
+    last, bad = db.execute(
+        "SELECT extract(epoch FROM max(finished_at))::float8, count(*) FILTER (WHERE status <> 'ok')"
+        " FROM dispatch.runs WHERE scheduled_for = to_timestamp(%s)", (instant,),
+    ).fetchone() or (0.0, 0)
+    arrivals = sink.arrivals(runs)
+    if len(arrivals) != runs:
+        raise SystemExit(f"bench: the sink logged {len(arrivals)} requests for {runs} runs")
+    return Round(runs / (last - instant), [(at - instant) * 1000 for at in arrivals.values()], used, bad)
+
+
+def single_latency(db: psycopg.Connection, sink: NginxSink, trials: int) -> list[float]:
+    """Latency (ms) from one schedule's instant to its request's arrival, `trials` times."""
+    latencies: list[float] = []
+    schedule_id = db.execute("SELECT id FROM dispatch.schedules ORDER BY id LIMIT 1").fetchone()
+    assert schedule_id is not None
+    done = ("SELECT 1 FROM dispatch.runs WHERE schedule_id = %s AND scheduled_for = to_timestamp(%s)"
+            " AND finished_at IS NOT NULL")
+    for _ in range(trials):
+        with db.transaction():
+            row = db.execute(
+                "UPDATE dispatch.schedules SET next_run_at = date_trunc('milliseconds', now())"
+                " + interval '300 ms' WHERE id = %s RETURNING extract(epoch FROM next_run_at)::float8",
+                schedule_id,
+            ).fetchone()
+            db.execute("SELECT pg_notify('dispatch', 'schedules')")
+        assert row is not None
+        # Polls this run by its unique key: a count over the whole table would load the server.
+        wait_until(lambda: db.execute(done, (schedule_id[0], row[0])).fetchone(),  # noqa: B023
+                   "the single run")
+        (arrived,) = sink.arrivals(1).values()
+        latencies.append((arrived - row[0]) * 1000)
+    return latencies
+
+
+def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, rounds: int, single: int,
+            data_dir: Path, log_level: str = "info") -> dict[str, float]:
+    """Run the benchmark, print its figures, return the medians by name."""
+    env = {**os.environ, "PGDISPATCH_CLUSTER_FAST": "1"}
+    cluster = str(ROOT / "scripts" / "pg-cluster")
+    port = subprocess.run([cluster, "start", str(data_dir)], check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+    admin = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    url = f"postgresql://postgres@127.0.0.1:{port}/{DATABASE}"
+    results: dict[str, float] = {}
+    try:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {DATABASE}")
+        install(url)
+        with NginxSink() as sink, psycopg.connect(url, autocommit=True) as db:
+            print(f"dispatch: {'/'.join(map(str, runs))} slots due at once, "
+                  f"{'/'.join(map(str, listener_counts))} listener(s) with concurrency {concurrency} each, "
+                  f"nginx sink; {os.cpu_count()} CPUs shared by PostgreSQL, sink and listeners")
+            db.execute(
+                "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
+                " SELECT 'bench', 'sink', '0 0 1 1 *', jsonb_build_object('i', i)"
+                " FROM generate_series(1, %s) i", (max(runs),),
+            )
+            db.execute("VACUUM ANALYZE dispatch.schedules")
+            asyncio.run(bare_invoker(sink.template, total=2000, concurrency=concurrency))  # warm-up
+            sink.arrivals(2000)
+
+            bare: dict[str, list[float]] = {"aiohttp": [], "invoker": []}
+            e2e: dict[tuple[int, int], list[Round]] = {}
+            for round_no in range(1, rounds + 1):
+                bare["aiohttp"].append(asyncio.run(
+                    bare_aiohttp(sink.url + "/bare", total=10_000, concurrency=concurrency)))
+                bare["invoker"].append(asyncio.run(
+                    bare_invoker(sink.template, total=10_000, concurrency=concurrency)))
+                sink.arrivals(20_000)
+                print(f"round {round_no}: bare aiohttp loop {bare['aiohttp'][-1]:,.0f} requests/s, "
+                      f"bare listener HTTP stack {bare['invoker'][-1]:,.0f} requests/s")
+                for count in listener_counts:
+                    with listeners(count, url=url, template=sink.template, concurrency=concurrency,
+                                   log_dir=data_dir, log_level=log_level) as pids:
+                        for size in runs:
+                            result = end_to_end(db, sink, runs=size, listener_pids=pids,
+                                                pg_dir=data_dir / "data")
+                            e2e.setdefault((count, size), []).append(result)
+                            cpu = ", ".join(f"{name} {us:.0f} us" for name, us in result.cpu_us.items())
+                            print(f"  {count} listener(s), {size:,} due: {result.rate:,.0f} runs/s "
+                                  f"= {result.rate / bare['aiohttp'][-1]:.0%} of the bare aiohttp loop; "
+                                  f"all started within {max(result.latencies) / 1000:.2f} s; "
+                                  f"{result.bad} not ok; CPU a run: {cpu}")
+
+            limit = statistics.median(bare["aiohttp"])
+            stack = statistics.median(bare["invoker"])
+            results |= {"bare_aiohttp": limit, "bare_invoker": stack}
+            print(f"\nmedians of {rounds} rounds:")
+            print(f"  bare aiohttp loop:          {limit:8,.0f} requests/s")
+            print(f"  bare listener HTTP stack:   {stack:8,.0f} requests/s ({stack / limit:.0%} of aiohttp)")
+            for (count, size), rounds_ in e2e.items():
+                rate = statistics.median(r.rate for r in rounds_)
+                latencies = [statistics.median(percentile(r.latencies, q) for r in rounds_)
+                             for q in (0.5, 0.99)]
+                worst = max(max(r.latencies) for r in rounds_)
+                cpu = {name: statistics.median(r.cpu_us[name] for r in rounds_) for name in rounds_[0].cpu_us}
+                key = f"e2e_{count}l_{size}"
+                results |= {key: rate, f"{key}_p50": latencies[0], f"{key}_p99": latencies[1],
+                            f"{key}_max": worst, **{f"{key}_cpu_{n}": us for n, us in cpu.items()}}
+                print(f"  {count} listener(s), {size:>6,} due: {rate:8,.0f} runs/s = {rate / limit:.0%} of "
+                      f"aiohttp, {rate / stack:.0%} of the stack; instant -> request "
+                      f"p50 {latencies[0]:.0f} ms, "
+                      f"p99 {latencies[1]:.0f} ms, max {worst:.0f} ms; CPU a run: "
+                      + ", ".join(f"{name} {us:.0f} us" for name, us in cpu.items()))
+
+            if single:
+                with listeners(1, url=url, template=sink.template, concurrency=concurrency,
+                               log_dir=data_dir, log_level=log_level):
+                    latencies = single_latency(db, sink, single)
+                results |= {"single_p50": statistics.median(latencies),
+                            "single_p99": percentile(latencies, 0.99), "single_max": max(latencies)}
+                print(f"  single due schedule ({single} trials), instant -> request: "
+                      f"p50 {results['single_p50']:.1f} ms, p99 {results['single_p99']:.1f} ms, "
+                      f"max {results['single_max']:.1f} ms")
+    finally:
+        subprocess.run([cluster, "stop", str(data_dir)], check=False)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", nargs="?", default="bench", choices=["bench", "sink"])
-    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--runs", default="10000,50000", help="slots due at once, comma-separated sizes")
+    parser.add_argument("--listeners", default="1,2", help="listener processes, comma-separated counts")
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--single", type=int, default=20, help="single-schedule latency trials")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="bare loop and end to end alternately this many times (medians printed)")
     parser.add_argument("--dir", type=Path, default=ROOT / ".pgdata" / "bench-dispatch")
-    parser.add_argument("--log-level", default="info", help="the listener's log level (default info)")
+    parser.add_argument("--log-level", default="info", help="the listeners' log level (default info)")
     args = parser.parse_args()
-    if args.mode == "sink":
-        run_sink()
-        return
-
-    env = {**os.environ, "PGDISPATCH_CLUSTER_FAST": "1"}
-    port = subprocess.run([str(ROOT / "scripts" / "pg-cluster"), "start", str(args.dir)], check=True,
-                          capture_output=True, text=True, env=env).stdout.strip()
-    admin = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    url = f"postgresql://postgres@127.0.0.1:{port}/{DATABASE}"
-    sink = subprocess.Popen([sys.executable, __file__, "sink"], stdout=subprocess.PIPE, text=True)
-    listener: subprocess.Popen[bytes] | None = None
-    try:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-            conn.execute(f"CREATE DATABASE {DATABASE}")
-        install(url)
-        assert sink.stdout is not None
-        sink_url = f"http://127.0.0.1:{sink.stdout.readline().strip()}"
-        template = sink_url + "/projects/{project_id}/functions/{function_name}"
-        print(f"pgdispatch dispatch benchmark: {args.runs} runs, concurrency {args.concurrency}, "
-              f"{os.cpu_count()} CPUs, PostgreSQL + sink + listener on this machine")
-
-        asyncio.run(bare_loop(template, total=2000, concurrency=args.concurrency))  # warm-up
-        fetch_arrivals(sink_url)
-
-        db = psycopg.connect(url, autocommit=True)
-        db.execute(
-            "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
-            " SELECT 'bench', 'sink', '0 0 1 1 *', jsonb_build_object('i', i) FROM generate_series(1, %s) i",
-            (args.runs,),
-        )
-        log_path = args.dir / "listener.log"
-        with log_path.open("wb") as log:
-            listener = subprocess.Popen(
-                [str(Path(sys.executable).parent / "pgdispatch"), "listen", "--database-url", url,
-                 "--invoke-url", template, "--concurrency", str(args.concurrency), "--sweep-interval", "60",
-                 "--worker-id", "bench", "--log-level", args.log_level],
-                stderr=log, env={**os.environ, "PGDISPATCH_SIGNING_SECRET": "bench-secret"},
-            )
-        wait_until(lambda: b'"listening"' in log_path.read_bytes(), "the listener")
-        time.sleep(0.5)  # let its first sweep pass
-
-        # The machine is shared: the bare loop and the end-to-end run alternate, and the CPU
-        # each process used per run is printed too, which other load disturbs much less.
-        bares: list[float] = []
-        rates: list[float] = []
-        for round_no in range(1, args.rounds + 1):
-            bare_cpu = time.process_time()
-            bare = asyncio.run(bare_loop(template, total=args.runs, concurrency=args.concurrency))
-            bare_cpu = time.process_time() - bare_cpu
-            fetch_arrivals(sink_url)
-            bares.append(bare)
-            print(f"round {round_no}: bare HTTP loop (Invoker, aiohttp): {bare:,.0f} requests/s "
-                  f"({bare_cpu / args.runs * 1e6:.0f} us of client CPU a request)")
-
-            # All N due at one instant, 2 s ahead: the listener's timer ticks then.
-            finished_before = db.execute(FINISHED).fetchone()
-            assert finished_before is not None
-            pg = cluster_pids(args.dir / "data")
-            cpu_before = [cpu_s([listener.pid]), cpu_s(pg), cpu_s([sink.pid])]
-            with db.transaction():
-                row = db.execute(
-                    "UPDATE dispatch.schedules SET next_run_at = date_trunc('second', now()) + interval '2 s'"
-                    " RETURNING extract(epoch FROM next_run_at)::float8"
-                ).fetchone()
-                db.execute("SELECT pg_notify('dispatch', 'schedules')")
-            assert row is not None
-            instant = row[0]
-            target = (finished_before[0] + args.runs,)
-            # Polled every 0.25 s: the count scans the runs table, and polling it every 10 ms took
-            # CPU from PostgreSQL and the listener. The rate comes from max(finished_at), not the poll.
-            wait_until(lambda: db.execute(FINISHED).fetchone() == target,  # noqa: B023
-                       "all runs recorded", within=600, every=0.25)
-            cpu_after = [cpu_s([listener.pid]), cpu_s(pg), cpu_s([sink.pid])]
-            last, bad = db.execute(
-                "SELECT extract(epoch FROM max(finished_at))::float8, count(*) FILTER (WHERE status <> 'ok')"
-                " FROM dispatch.runs WHERE scheduled_for = to_timestamp(%s)", (instant,),
-            ).fetchone() or (0.0, 0)
-            arrivals = fetch_arrivals(sink_url)
-            latencies = [(at - instant) * 1000 for at in arrivals.values()]
-            rate = args.runs / (last - instant)
-            rates.append(rate)
-            used = [(after - before) / args.runs * 1e6
-                    for before, after in zip(cpu_before, cpu_after, strict=True)]
-            print(f"round {round_no}: end to end ({args.runs} due at once): {rate:,.0f} runs/s "
-                  f"= {rate / bare:.0%} of the bare loop; {bad} not ok; {len(arrivals)} requests")
-            print(f"  instant -> request arrival: p50 {percentile(latencies, 0.5):.0f} ms, "
-                  f"p99 {percentile(latencies, 0.99):.0f} ms, max {max(latencies):.0f} ms "
-                  f"(all {len(latencies)} started within {max(latencies) / 1000:.2f} s; "
-                  f"last recorded {last - instant:.2f} s after the instant)")
-            print(f"  CPU a run: listener {used[0]:.0f} us, PostgreSQL {used[1]:.0f} us, "
-                  f"sink {used[2]:.0f} us")
-        bare, rate = statistics.median(bares), statistics.median(rates)
-        print(f"median of {args.rounds}: bare loop {bare:,.0f} requests/s, end to end {rate:,.0f} runs/s"
-              f" = {rate / bare:.0%} of the bare loop (per round: "
-              f"{', '.join(f'{r / b:.0%}' for r, b in zip(rates, bares, strict=True))})")
-
-        # One schedule due at a time.
-        single: list[float] = []
-        parts: list[tuple[float, float, float]] = []
-        schedule_id = db.execute("SELECT id FROM dispatch.schedules LIMIT 1").fetchone()
-        assert schedule_id is not None
-        for _ in range(args.single):
-            with db.transaction():
-                row = db.execute(
-                    "UPDATE dispatch.schedules SET next_run_at = date_trunc('milliseconds', now())"
-                    " + interval '300 ms' WHERE id = %s RETURNING extract(epoch FROM next_run_at)::float8",
-                    schedule_id,
-                ).fetchone()
-                db.execute("SELECT pg_notify('dispatch', 'schedules')")
-            assert row is not None
-            # Polls this run by its unique key (a count over the whole table would load the
-            # server while the latency is measured).
-            timing = (
-                "SELECT extract(epoch FROM created_at)::float8, extract(epoch FROM claimed_at)::float8"
-                " FROM dispatch.runs WHERE schedule_id = %s AND scheduled_for = to_timestamp(%s)"
-                " AND finished_at IS NOT NULL"
-            )
-            wait_until(lambda: db.execute(timing, (schedule_id[0], row[0])).fetchone(),  # noqa: B023
-                       "the single run")
-            marked, claimed = db.execute(timing, (schedule_id[0], row[0])).fetchone() or (0.0, 0.0)
-            (arrived,) = fetch_arrivals(sink_url).values()
-            single.append((arrived - row[0]) * 1000)
-            parts.append(((marked - row[0]) * 1000, (claimed - marked) * 1000, (arrived - claimed) * 1000))
-        if single:
-            print(f"single due schedule ({len(single)} trials), instant -> request arrival: "
-                  f"p50 {statistics.median(single):.1f} ms, p99 {percentile(single, 0.99):.1f} ms, "
-                  f"max {max(single):.1f} ms")
-            timer, claim, invoke = (statistics.median(part) for part in zip(*parts, strict=True))
-            print(f"  medians: instant -> tick's transaction {timer:.1f} ms, -> claimed {claim:.1f} ms, "
-                  f"-> request arrival {invoke:.1f} ms")
-        db.close()
-    finally:
-        if listener is not None:
-            listener.send_signal(signal.SIGTERM)
-            listener.wait(60)
-        sink.terminate()
-        sink.wait(10)
-        subprocess.run([str(ROOT / "scripts" / "pg-cluster"), "stop", str(args.dir)], check=False)
+    measure(runs=[int(n) for n in args.runs.split(",")],
+            listener_counts=[int(n) for n in args.listeners.split(",")],
+            concurrency=args.concurrency, rounds=args.rounds, single=args.single,
+            data_dir=args.dir, log_level=args.log_level)
 
 
 if __name__ == "__main__":
