@@ -224,83 +224,6 @@ END
 $_$;
 
 
---
--- Name: _next_bit(bigint, integer); Type: FUNCTION; Schema: dispatch; Owner: -
---
-
-CREATE FUNCTION dispatch._next_bit(mask bigint, k integer) RETURNS integer
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    AS $$
-    SELECT CASE WHEN (mask OPERATOR(pg_catalog.>>) k) OPERATOR(pg_catalog.=) 0 THEN NULL
-                ELSE k OPERATOR(pg_catalog.+) pg_catalog.round(
-                         pg_catalog.ln(((mask OPERATOR(pg_catalog.>>) k) OPERATOR(pg_catalog.&)
-                                        (OPERATOR(pg_catalog.-) (mask OPERATOR(pg_catalog.>>) k)))::pg_catalog.float8)
-                         OPERATOR(pg_catalog./) 0.6931471805599453)::pg_catalog.int4
-           END
-$$;
-
-
---
--- Name: _next_slot(dispatch.cron_spec, timestamp with time zone, text); Type: FUNCTION; Schema: dispatch; Owner: -
---
-
-CREATE FUNCTION dispatch._next_slot(spec dispatch.cron_spec, after timestamp with time zone, tz text) RETURNS timestamp with time zone
-    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-BEGIN
-    RETURN dispatch.cron_spec_next(spec, after, tz);
-EXCEPTION WHEN OTHERS THEN
-    RAISE WARNING 'cannot compute the next slot of % in %: %', spec, tz, SQLERRM;
-    RETURN NULL;
-END
-$$;
-
-
---
--- Name: _prune_audit(); Type: FUNCTION; Schema: dispatch; Owner: -
---
-
-CREATE FUNCTION dispatch._prune_audit() RETURNS bigint
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-DECLARE
-    n bigint;
-BEGIN
-    DELETE FROM dispatch.audit_log
-    WHERE id IN (SELECT a.id FROM dispatch.audit_log a, dispatch.settings cfg
-                 WHERE a.at < now() - cfg.audit_retention
-                 LIMIT (SELECT prune_batch_size FROM dispatch.settings));
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
-END
-$$;
-
-
---
--- Name: _prune_runs(); Type: FUNCTION; Schema: dispatch; Owner: -
---
-
-CREATE FUNCTION dispatch._prune_runs() RETURNS bigint
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-DECLARE
-    n bigint;
-BEGIN
-    -- finished_at >= created_at, so the BRIN bound only narrows the scan
-    DELETE FROM dispatch.runs
-    WHERE id IN (SELECT r.id FROM dispatch.runs r, dispatch.settings cfg
-                 WHERE r.created_at < now() - cfg.runs_retention
-                   AND r.finished_at < now() - cfg.runs_retention
-                 LIMIT (SELECT prune_batch_size FROM dispatch.settings));
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
-END
-$$;
-
-
 SET default_tablespace = '';
 
 SET default_table_access_method = heap;
@@ -390,34 +313,48 @@ COMMENT ON COLUMN dispatch.runs.error IS 'Why the run failed, was skipped or los
 
 
 --
--- Name: _runs_finished(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _finish_batch(dispatch.runs[], boolean); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._runs_finished(finished dispatch.runs[]) RETURNS TABLE(run_id bigint, advanced boolean)
+CREATE FUNCTION dispatch._finish_batch(finished dispatch.runs[], guarded boolean) RETURNS TABLE(run_id bigint, advanced boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     RETURN QUERY
     WITH done AS (
-        SELECT * FROM unnest(_runs_finished.finished)
+        SELECT * FROM unnest(_finish_batch.finished)
     ), locked AS MATERIALIZED (
-        -- lock the schedules in id order (no deadlock with another batch or a bulk edit), then
-        -- compute each next slot once: a CTE that is not MATERIALIZED would be inlined per row
+        -- lock the schedules in id order (no deadlock with another batch or a bulk edit)
         SELECT s.id, s.project_id, s.function_name, s.next_run_at, s.cron_spec, s.timezone
         FROM dispatch.schedules s
         WHERE s.id IN (SELECT d.schedule_id FROM done d)
         ORDER BY s.id
         FOR NO KEY UPDATE
+    ), waiting AS MATERIALIZED (
+        -- a schedule still waiting on its run's slot (a user edit mid-flight wins) advances to
+        -- the first slot after max(slot, now)
+        SELECT d.schedule_id, l.cron_spec, l.timezone, greatest(d.scheduled_for, now()) AS after
+        FROM done d
+        JOIN locked l ON l.id = d.schedule_id
+        WHERE l.next_run_at = d.scheduled_for
+    ), slots AS MATERIALIZED (
+        -- runs finishing together mostly share their expression, zone and start: compute each
+        -- once (MATERIALIZED, or PostgreSQL would inline the call back into every row)
+        SELECT u.cron_spec, u.timezone, u.after,
+               CASE WHEN _finish_batch.guarded
+                    THEN dispatch._next_slot(u.cron_spec, u.after, u.timezone)
+                    ELSE dispatch.cron_spec_next(u.cron_spec, u.after, u.timezone)
+               END AS next_at
+        FROM (SELECT DISTINCT w.cron_spec, w.timezone, w.after FROM waiting w) u
     ), nexts AS MATERIALIZED (
         SELECT d.id, d.schedule_id, d.status, d.error, d.request_id, d.scheduled_for, d.attempt,
                coalesce(d.claimed_at, d.finished_at) AS ran_at, l.project_id, l.function_name,
-               l.next_run_at = d.scheduled_for AS waiting,
-               CASE WHEN l.next_run_at = d.scheduled_for
-                    THEN dispatch._next_slot(l.cron_spec, greatest(d.scheduled_for, now()), l.timezone)
-               END AS next_at
+               w.schedule_id IS NOT NULL AS waiting, s.next_at
         FROM done d
         JOIN locked l ON l.id = d.schedule_id
+        LEFT JOIN waiting w ON w.schedule_id = d.schedule_id
+        LEFT JOIN slots s ON s.cron_spec = w.cron_spec AND s.timezone = w.timezone AND s.after = w.after
     ), advance AS (
         UPDATE dispatch.schedules s
         SET next_run_at = CASE WHEN n.waiting THEN coalesce(n.next_at, now() + interval '1 hour')
@@ -442,7 +379,110 @@ BEGIN
                    'error', n.error))
         FROM nexts n
     )
-    SELECT n.id, coalesce(n.waiting, false) FROM nexts n;
+    SELECT n.id, n.waiting FROM nexts n;
+END
+$$;
+
+
+--
+-- Name: _next_bit(bigint, integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._next_bit(mask bigint, k integer) RETURNS integer
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN (mask OPERATOR(pg_catalog.>>) k) OPERATOR(pg_catalog.=) 0 THEN NULL
+                ELSE k OPERATOR(pg_catalog.+) pg_catalog.round(
+                         pg_catalog.ln(((mask OPERATOR(pg_catalog.>>) k) OPERATOR(pg_catalog.&)
+                                        (OPERATOR(pg_catalog.-) (mask OPERATOR(pg_catalog.>>) k)))::pg_catalog.float8)
+                         OPERATOR(pg_catalog./) 0.6931471805599453)::pg_catalog.int4
+           END
+$$;
+
+
+--
+-- Name: _next_slot(dispatch.cron_spec, timestamp with time zone, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._next_slot(spec dispatch.cron_spec, after timestamp with time zone, tz text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN dispatch.cron_spec_next(spec, after, tz);
+EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'cannot compute the next slot of % in %: %', spec, tz, SQLERRM;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: _prune_audit(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._prune_audit() RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    n bigint;
+BEGIN
+    DELETE FROM dispatch.audit_log
+    WHERE id IN (SELECT a.id FROM dispatch.audit_log a, dispatch.settings cfg
+                 WHERE a.at < now() - cfg.audit_retention
+                 LIMIT (SELECT prune_batch_size FROM dispatch.settings));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+
+--
+-- Name: _prune_runs(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._prune_runs() RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    n bigint;
+BEGIN
+    -- finished_at >= created_at, so the BRIN bound only narrows the scan
+    DELETE FROM dispatch.runs
+    WHERE id IN (SELECT r.id FROM dispatch.runs r, dispatch.settings cfg
+                 WHERE r.created_at < now() - cfg.runs_retention
+                   AND r.finished_at < now() - cfg.runs_retention
+                 LIMIT (SELECT prune_batch_size FROM dispatch.settings));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+
+--
+-- Name: _runs_finished(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._runs_finished(finished dispatch.runs[]) RETURNS TABLE(run_id bigint, advanced boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    ids bigint[];
+    advances boolean[];
+BEGIN
+    -- Collected into arrays inside the block, returned after it: rows a failed attempt had
+    -- already returned would otherwise stay in the result.
+    BEGIN
+        SELECT array_agg(f.run_id), array_agg(f.advanced) INTO ids, advances
+        FROM dispatch._finish_batch(_runs_finished.finished, false) f;
+    EXCEPTION WHEN OTHERS THEN
+        SELECT array_agg(f.run_id), array_agg(f.advanced) INTO ids, advances
+        FROM dispatch._finish_batch(_runs_finished.finished, true) f;
+    END;
+    RETURN QUERY SELECT * FROM unnest(ids, advances);
 END
 $$;
 
@@ -1886,6 +1926,20 @@ GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo i
 
 
 --
+-- Name: TABLE runs; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.runs TO dispatch_reader;
+
+
+--
+-- Name: FUNCTION _finish_batch(finished dispatch.runs[], guarded boolean); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._finish_batch(finished dispatch.runs[], guarded boolean) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _next_bit(mask bigint, k integer); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -1916,13 +1970,6 @@ GRANT ALL ON FUNCTION dispatch._prune_audit() TO dispatch_admin;
 
 REVOKE ALL ON FUNCTION dispatch._prune_runs() FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch._prune_runs() TO dispatch_admin;
-
-
---
--- Name: TABLE runs; Type: ACL; Schema: dispatch; Owner: -
---
-
-GRANT SELECT ON TABLE dispatch.runs TO dispatch_reader;
 
 
 --

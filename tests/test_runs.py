@@ -476,3 +476,44 @@ def test_complete_runs_applies_complete_runs_rules_to_a_batch(db: psycopg.Connec
 def test_complete_runs_refuses_unknown_statuses(db: psycopg.Connection) -> None:
     with pytest.raises(errors.InvalidParameterValue, match="statuses must hold ok or error"):
         complete_many(db, "w", [(1, "lost", None)])
+
+
+def test_a_batch_computes_each_schedules_own_next_slot(db: psycopg.Connection) -> None:
+    # Same expression, different zones; different expressions, same zone: runs finishing
+    # together share a computation only when expression, zone and start all match.
+    cases = [("0 9 * * *", "UTC"), ("0 9 * * *", "Asia/Tokyo"), ("0 9 * * *", "America/New_York"),
+             ("30 9 * * *", "UTC"), ("0 9 * * *", "UTC")]
+    ids = [add_schedule(db, expr, timezone=tz) for expr, tz in cases]
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    complete_many(db, "w", [(r[0], "ok", None) for r in claim(db, "w")])
+    for sid, (expr, tz) in zip(ids, cases, strict=True):
+        assert scalar(
+            db, "SELECT next_run_at = dispatch.cron_next(%s, now(), %s) FROM dispatch.schedules"
+            " WHERE id = %s", (expr, tz, sid),
+        ), (expr, tz)
+
+
+def test_a_zone_gone_from_the_tz_database_backs_off_without_failing_the_batch(db: psycopg.Connection) -> None:
+    good, gone = add_schedule(db, "*/5 * * * *"), add_schedule(db, "*/5 * * * *")
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    runs = claim(db, "w")
+    # As after a tz database upgrade that dropped the zone: the write path would refuse it.
+    db.execute("SET session_replication_role = replica")
+    db.execute("UPDATE dispatch.schedules SET timezone = 'Gone/Away' WHERE id = %s", (gone,))
+    db.execute("RESET session_replication_role")
+
+    results = complete_many(db, "w", [(r[0], "ok", None) for r in runs])
+    assert [r[1:] for r in results] == [(True, True), (True, True)]
+    assert scalar(
+        db, "SELECT next_run_at = dispatch.cron_next('*/5 * * * *', now(), 'UTC') FROM dispatch.schedules"
+        " WHERE id = %s", (good,),
+    )
+    backed_off = db.execute(
+        "SELECT next_run_at - now(), last_status, last_error FROM dispatch.schedules WHERE id = %s", (gone,),
+    ).fetchone()
+    assert backed_off is not None
+    assert backed_off[0].total_seconds() == pytest.approx(3600, abs=5)
+    assert backed_off[1:] == ("ok", "cannot compute the next slot (see the server log), retrying in 1 hour")
+    assert scalar(db, "SELECT count(*) FROM dispatch.audit_log WHERE action = 'schedule.run.ok'") == 2
