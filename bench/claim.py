@@ -10,11 +10,17 @@
 from __future__ import annotations
 
 import argparse
+import re
+import subprocess
 import time
 
 import psycopg
 
-from bench.common import fresh_database, median_ms
+from bench.common import CLUSTER_DIR, fresh_database, median_ms, record
+
+PGBIN = "/usr/lib/postgresql/15/bin"
+RECORD = re.compile(r"rmgr: (?P<rmgr>\S+)\s+len \(rec/tot\):\s*\d+/\s*(?P<total>\d+),")
+BLOCK = re.compile(r"blkref #0: rel \d+/\d+/(\d+)")
 
 
 def load_schedules(conn: psycopg.Connection, count: int) -> None:
@@ -51,6 +57,30 @@ def claim_plan(conn: psycopg.Connection) -> str:
     return next((line for (line,) in plan if "Index" in line), "no index used").strip()
 
 
+def wal_by_relation(conn: psycopg.Connection, since: str, runs: int) -> list[tuple[str, float]]:
+    """WAL bytes per run since `since`, by the relation each record changed (its first block
+    reference; commits and other records without one under their resource manager)."""
+    (until,) = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()  # type: ignore[misc]
+    dump = subprocess.run(
+        [f"{PGBIN}/pg_waldump", "--path", str(CLUSTER_DIR / "data" / "pg_wal"), "--start", str(since),
+         "--end", str(until)],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    names: dict[str, str] = dict(
+        conn.execute("SELECT pg_relation_filenode(oid)::text, relname::text FROM pg_class").fetchall()
+    )
+    sizes: dict[str, int] = {}
+    for line in dump.splitlines():
+        found = RECORD.match(line)
+        if found is None:
+            continue
+        block = BLOCK.search(line)
+        key = names.get(block[1], f"relation {block[1]}") if block else f"({found['rmgr']} records)"
+        sizes[key] = sizes.get(key, 0) + int(found["total"])
+    ranked = sorted(sizes.items(), key=lambda item: -item[1])
+    return [(name, size / runs) for name, size in ranked if size / runs >= 10]
+
+
 def write_cost(conninfo: str, runs: int) -> None:
     size_sql = (
         "SELECT pg_total_relation_size('dispatch.runs') + pg_total_relation_size('dispatch.audit_log')"
@@ -85,6 +115,11 @@ def write_cost(conninfo: str, runs: int) -> None:
                 f"  {label:<32} WAL {int(wal) / runs:,.0f} bytes/run (goal <= 2 kB)"
                 f"   table+index growth {(size1 - size0) / runs:,.0f} bytes/run"
             )
+        # The steady-state round's WAL, record by record, charged to the relation it changed.
+        print("  where the steady state's WAL goes (pg_waldump, bytes/run):")
+        for name, size in wal_by_relation(conn, lsn0, runs):
+            print(f"    {size:7,.0f}  {name}")
+        record(wal_bytes_per_run=int(wal) / runs, growth_bytes_per_run=(size1 - size0) / runs)
 
 
 def main() -> None:
@@ -104,6 +139,7 @@ def main() -> None:
         before = claim_ms(conn)
         print(f"claim_runs(100) with {args.pending:,} pending runs:")
         print(f"  {0:>12,} finished: median {before:6.2f} ms   plan: {claim_plan(conn)}")
+        record(claim_ms_empty=before, claim_plan_empty=claim_plan(conn))
         started = time.perf_counter()
         per_schedule = max(1, args.finished // args.pending)
         conn.execute(
@@ -124,6 +160,7 @@ def main() -> None:
             f"  {loaded:>12,} finished: median {after:6.2f} ms   plan: {claim_plan(conn)}"
             f"   (loaded in {time.perf_counter() - started:.0f} s)"
         )
+        record(claim_ms_full=after, claim_plan_full=claim_plan(conn), claim_finished=loaded)
     write_cost(fresh_database("bench_write_cost"), 10_000)
 
 

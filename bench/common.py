@@ -4,6 +4,8 @@ with sql/ installed."""
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import subprocess
 from pathlib import Path
@@ -15,7 +17,14 @@ from dispatcher.migrations import install
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_DIR = ROOT / ".pgdata" / "bench"
 
-__all__ = ["fresh_database", "median_ms", "stop_cluster"]
+__all__ = ["SPREAD_CRON", "fresh_database", "median_ms", "record", "stop_cluster"]
+
+# The cron expression of schedule number i in the dispatch benchmarks, as SQL for a query with
+# parameters: 1,440 distinct expressions ('m h 1 1 *': one minute of New Year's Day each, so
+# none comes due by itself while a benchmark runs). Runs finishing in one batch then rarely
+# share one and each next slot is computed on its own: the dearest case (tenants mostly share
+# a few expressions, and a batch computes each distinct one once).
+SPREAD_CRON = "(i %% 60) || ' ' || (i / 60 %% 24) || ' 1 1 *'"
 
 
 def fresh_database(name: str) -> str:
@@ -41,3 +50,12 @@ def stop_cluster() -> None:
 
 def median_ms(samples_s: list[float]) -> float:
     return statistics.median(samples_s) * 1000
+
+
+def record(**figures: float | str) -> None:
+    """Hand figures to `python -m bench` (which sets PGDISPATCH_BENCH_RESULTS) for its summary;
+    a benchmark run on its own just prints."""
+    path = os.environ.get("PGDISPATCH_BENCH_RESULTS")
+    if path:
+        with open(path, "a") as results:
+            results.write(json.dumps(figures) + "\n")

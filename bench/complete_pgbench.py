@@ -2,9 +2,10 @@
 
     .venv/bin/python -m bench.complete_pgbench [--runs 50000] [--batch 100] [--clients 2]
 
-N schedules (project 'bench', function 'sink', '* * * * *') are all due at once and one
-`dispatch.tick()` marks N pending runs. Then pgbench, with no HTTP and no Python in the way,
-does per script execution what a listener does per batch, in the same two round trips:
+N schedules (project 'bench', function 'sink', 1,440 distinct expressions: bench.common.SPREAD_CRON)
+are all due at once and one `dispatch.tick()` marks N pending runs. Then pgbench, with no HTTP
+and no Python in the way, does per script execution what a listener does per batch,
+in the same two round trips:
 
     1. SELECT ... FROM dispatch.claim_runs(worker, B, '60 seconds')      -- \\gset the ids
     2. SELECT count(*) FROM dispatch.complete_runs(worker, ids, 'ok' x B, NULL x B, 200 x B, 5 x B)
@@ -52,6 +53,7 @@ from typing import Any
 
 import psycopg
 
+from bench.common import SPREAD_CRON
 from dispatcher.migrations import install
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,14 +157,14 @@ def one(db: psycopg.Connection, query: str, params: tuple[Any, ...] = ()) -> tup
 
 
 def mark_due(db: psycopg.Connection, runs: int) -> tuple[float, float]:
-    """Load `runs` schedules every minute, all due at the previous minute, and mark them with one
+    """Load `runs` schedules (SPREAD_CRON), all due at the previous minute, and mark them with one
     dispatch.tick(); returns the tick's seconds and WAL bytes."""
     # bulk load: triggers off, so the spec and the slot are set here rather than by the write trigger
     db.execute("SET session_replication_role = replica")
     db.execute(
         "INSERT INTO dispatch.schedules"
         " (project_id, function_name, cron_expression, timezone, cron_spec, next_run_at, args)"
-        " SELECT 'bench', 'sink', '* * * * *', 'UTC', dispatch.cron_parse('* * * * *'),"
+        f" SELECT 'bench', 'sink', {SPREAD_CRON}, 'UTC', dispatch.cron_parse({SPREAD_CRON}),"
         "        date_trunc('minute', now()) - interval '1 minute', jsonb_build_object('i', i)"
         " FROM generate_series(1, %s) i",
         (runs,),

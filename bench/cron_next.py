@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 import psycopg
 from croniter import croniter
 
-from bench.common import fresh_database
+from bench.common import fresh_database, record
 
 MIX = [
     ("* * * * *", "UTC"),
@@ -96,6 +96,7 @@ def main() -> None:
     print(
         f"  {'croniter.get_next':<26} {croniter_us:8.1f} us/call   (croniter 6.0.0, implement_cron_bug=True)"
     )
+    record(cron_next_us=sql_results["dispatch.cron_next"], croniter_us=croniter_us)
     print(
         f"  results that differ from croniter's: {len(differ)}, of which {across_dst} across a DST change"
         " (croniter keeps the starting offset; tests/test_cron_oracle.py uses it on wall-clock times)"

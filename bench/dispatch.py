@@ -37,6 +37,8 @@ from pathlib import Path
 import aiohttp
 import psycopg
 
+from bench.common import SPREAD_CRON
+from bench.profile import PySpy, summarize
 from bench.sink import NginxSink
 from dispatcher.invoke import Invoker, new_session
 from dispatcher.migrations import install
@@ -221,7 +223,7 @@ def single_latency(db: psycopg.Connection, sink: NginxSink, trials: int) -> list
 
 
 def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, rounds: int, single: int,
-            data_dir: Path, log_level: str = "info") -> dict[str, float]:
+            data_dir: Path, log_level: str = "info", profile: bool = False) -> dict[str, float]:
     """Run the benchmark, print its figures, return the medians by name."""
     env = {**os.environ, "PGDISPATCH_CLUSTER_FAST": "1"}
     cluster = str(ROOT / "scripts" / "pg-cluster")
@@ -241,7 +243,7 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
                   f"nginx sink; {os.cpu_count()} CPUs shared by PostgreSQL, sink and listeners")
             db.execute(
                 "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
-                " SELECT 'bench', 'sink', '0 0 1 1 *', jsonb_build_object('i', i)"
+                f" SELECT 'bench', 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
                 " FROM generate_series(1, %s) i", (max(runs),),
             )
             db.execute("VACUUM ANALYZE dispatch.schedules")
@@ -292,6 +294,17 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
                       f"p99 {latencies[1]:.0f} ms, max {worst:.0f} ms; CPU a run: "
                       + ", ".join(f"{name} {us:.0f} us" for name, us in cpu.items()))
 
+            if profile:
+                # One more run, not counted above: py-spy's sampling costs the listener a little.
+                size = max(runs)
+                with listeners(1, url=url, template=sink.template, concurrency=concurrency,
+                               log_dir=data_dir, log_level=log_level) as pids, \
+                        PySpy(pids[0], data_dir / "listener-profile.txt") as spy:
+                    result = end_to_end(db, sink, runs=size, listener_pids=pids, pg_dir=data_dir / "data")
+                print(f"  profile of the listener (py-spy, 1 listener, {size:,} due, "
+                      f"{result.rate:,.0f} runs/s; collapsed stacks in {spy.output}):")
+                print(summarize(spy.output))
+
             if single:
                 with listeners(1, url=url, template=sink.template, concurrency=concurrency,
                                log_dir=data_dir, log_level=log_level):
@@ -316,11 +329,13 @@ def main() -> None:
     parser.add_argument("--single", type=int, default=20, help="single-schedule latency trials")
     parser.add_argument("--dir", type=Path, default=ROOT / ".pgdata" / "bench-dispatch")
     parser.add_argument("--log-level", default="info", help="the listeners' log level (default info)")
+    parser.add_argument("--profile", action="store_true",
+                        help="then one more run with py-spy sampling the listener, summarised")
     args = parser.parse_args()
     measure(runs=[int(n) for n in args.runs.split(",")],
             listener_counts=[int(n) for n in args.listeners.split(",")],
             concurrency=args.concurrency, rounds=args.rounds, single=args.single,
-            data_dir=args.dir, log_level=args.log_level)
+            data_dir=args.dir, log_level=args.log_level, profile=args.profile)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import time
 
 import psycopg
 
-from bench.common import fresh_database, median_ms
+from bench.common import fresh_database, median_ms, record
 
 EXPRESSIONS = [
     ("* * * * *", "UTC"),
@@ -87,6 +87,7 @@ def main() -> None:
             print(
                 f"  {due:>6,} due: median {median:8.2f} ms  max {worst:8.2f} ms  ({repeat} ticks)  {verdict}"
             )
+            record(**{f"tick_{due}_due_ms": median})
 
 
 if __name__ == "__main__":

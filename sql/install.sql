@@ -34,6 +34,9 @@ SET client_min_messages = warning;
 \set version 8
 \set name 0008_batch_next_slots
 \ir apply_migration.psql
+\set version 9
+\set name 0009_fillfactor
+\ir apply_migration.psql
 
 SELECT dispatch.register_cron_job() AS cron_status \gset
 \echo :cron_status
