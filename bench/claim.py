@@ -139,7 +139,7 @@ def main() -> None:
         before = claim_ms(conn)
         print(f"claim_runs(100) with {args.pending:,} pending runs:")
         print(f"  {0:>12,} finished: median {before:6.2f} ms   plan: {claim_plan(conn)}")
-        record(claim_ms_empty=before, claim_plan_empty=claim_plan(conn))
+        record(claim_ms_empty=before, claim_plan_empty=claim_plan(conn), claim_pending=args.pending)
         started = time.perf_counter()
         per_schedule = max(1, args.finished // args.pending)
         conn.execute(

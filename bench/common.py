@@ -58,4 +58,4 @@ def record(**figures: float | str) -> None:
     path = os.environ.get("PGDISPATCH_BENCH_RESULTS")
     if path:
         with open(path, "a") as results:
-            results.write(json.dumps(figures) + "\n")
+            results.write(json.dumps(figures, default=float) + "\n")  # numeric arrives as Decimal

@@ -53,7 +53,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import SPREAD_CRON
+from bench.common import SPREAD_CRON, record
 from dispatcher.migrations import install
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -286,6 +286,8 @@ def main() -> None:
         line("WAL a run", f"{wal / runs:,.0f}", "bytes (claim + complete + audit row + schedule advance)")
         line("PostgreSQL CPU a run", f"{cpu_s / runs * 1e6:,.0f}",
              f"us ({cpu_s:.2f} s; background processes {resident_s / runs * 1e6:,.0f} us a run of it)")
+        record(pgbench_runs_per_s=runs / elapsed, pgbench_cpu_us=cpu_s / runs * 1e6,
+               pgbench_wal_bytes=wal / runs)
         print(f"  check: {ok:,} runs ok, {audited:,} 'schedule.run.ok' audit rows; "
               f"{time.perf_counter() - started:.0f} s in all")
     finally:

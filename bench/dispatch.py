@@ -37,7 +37,7 @@ from pathlib import Path
 import aiohttp
 import psycopg
 
-from bench.common import SPREAD_CRON
+from bench.common import SPREAD_CRON, record
 from bench.profile import PySpy, summarize
 from bench.sink import NginxSink
 from dispatcher.invoke import Invoker, new_session
@@ -284,15 +284,16 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
                 latencies = [statistics.median(percentile(r.latencies, q) for r in rounds_)
                              for q in (0.5, 0.99)]
                 worst = max(max(r.latencies) for r in rounds_)
-                cpu = {name: statistics.median(r.cpu_us[name] for r in rounds_) for name in rounds_[0].cpu_us}
+                cpu_us = {name: statistics.median(r.cpu_us[name] for r in rounds_)
+                          for name in rounds_[0].cpu_us}
                 key = f"e2e_{count}l_{size}"
                 results |= {key: rate, f"{key}_p50": latencies[0], f"{key}_p99": latencies[1],
-                            f"{key}_max": worst, **{f"{key}_cpu_{n}": us for n, us in cpu.items()}}
+                            f"{key}_max": worst, **{f"{key}_cpu_{n}": us for n, us in cpu_us.items()}}
                 print(f"  {count} listener(s), {size:>6,} due: {rate:8,.0f} runs/s = {rate / limit:.0%} of "
                       f"aiohttp, {rate / stack:.0%} of the stack; instant -> request "
                       f"p50 {latencies[0]:.0f} ms, "
                       f"p99 {latencies[1]:.0f} ms, max {worst:.0f} ms; CPU a run: "
-                      + ", ".join(f"{name} {us:.0f} us" for name, us in cpu.items()))
+                      + ", ".join(f"{name} {us:.0f} us" for name, us in cpu_us.items()))
 
             if profile:
                 # One more run, not counted above: py-spy's sampling costs the listener a little.
@@ -316,6 +317,7 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
                       f"max {results['single_max']:.1f} ms")
     finally:
         subprocess.run([cluster, "stop", str(data_dir)], check=False)
+    record(**results)
     return results
 
 

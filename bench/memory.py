@@ -32,6 +32,7 @@ from pathlib import Path
 import psycopg
 from aiohttp import web
 
+from bench.common import record
 from dispatcher.migrations import install
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,6 +235,8 @@ def bench(args: argparse.Namespace) -> None:
         for label, figure, note in rows:
             print(f"  {label:<{width}}  {figure}  {note}".rstrip())
         print(f"  goal RSS <= {GOAL_MB:.0f} MB (in flight and peak): {verdict}")
+        record(rss_idle_mb=idle["VmRSS"] / 1024, rss_in_flight_mb=in_flight_rss / 1024,
+               rss_peak_mb=peak / 1024, rss_in_flight=runs)
         print(f"  all {runs:,} in flight {all_in_flight_s:.1f} s after being made due; after release "
               f"{ok:,} runs recorded ok; sink RSS {sink_rss / 1024:.1f} MB; "
               f"took {time.monotonic() - started:.1f} s")

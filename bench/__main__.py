@@ -1,0 +1,139 @@
+"""Every benchmark in one run, then one table of the figures against their goals and limits.
+
+    scripts/bench                       # installs what is missing (nginx, py-spy), then:
+    .venv/bin/python -m bench [--quick]
+
+Runs, each in its own process and printing its own detail: bench.cron_next, bench.tick
+(1,000,000 schedules), bench.claim (100,000 pending, 10,000,000 finished; WAL per run),
+bench.complete_pgbench (the database alone, 50,000 runs), bench.dispatch (10,000 and 50,000
+due at once, one and two listeners, against a bare aiohttp loop and the listener's own HTTP
+stack, nginx sink, py-spy profile) and bench.memory (1,000 invocations in flight). --quick
+shrinks every size for a smoke run; its figures are not the README's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+FULL = [
+    ("bench.cron_next", []),
+    ("bench.tick", []),
+    ("bench.claim", []),
+    ("bench.complete_pgbench", ["--runs", "50000"]),
+    ("bench.dispatch", ["--runs", "10000,50000", "--listeners", "1,2", "--rounds", "3", "--profile"]),
+    ("bench.memory", []),
+]
+QUICK = [
+    ("bench.cron_next", ["--calls", "2000"]),
+    ("bench.tick", ["--schedules", "20000"]),
+    ("bench.claim", ["--pending", "2000", "--finished", "20000"]),
+    ("bench.complete_pgbench", ["--runs", "2000"]),
+    ("bench.dispatch",
+     ["--runs", "2000", "--listeners", "1,2", "--rounds", "1", "--single", "3", "--profile"]),
+    ("bench.memory", ["--runs", "200"]),
+]
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "**not met**"
+
+
+def table(f: dict[str, Any], sizes: list[int], listener_counts: list[int]) -> list[str]:
+    aiohttp, stack, db = f["bare_aiohttp"], f["bare_invoker"], f["pgbench_runs_per_s"]
+    rows = [
+        "| Figure | Measured | Goal | Against the limits |",
+        "|---|---|---|---|",
+    ]
+    for count in listener_counts:
+        for size in sizes:
+            key = f"e2e_{count}l_{size}"
+            rate = f[key]
+            rows.append(
+                f"| End to end, {count} listener{'s' if count > 1 else ''}, {size:,} due at once "
+                f"| {rate:,.0f} runs/s | ≥ 3,500 runs/s: {verdict(rate >= 3500)}; "
+                f"≥ 60 % of bare aiohttp: {verdict(rate >= 0.6 * aiohttp)} "
+                f"| {rate / aiohttp:.0%} of bare aiohttp, {rate / stack:.0%} of the listener's HTTP stack, "
+                f"{rate / db:.0%} of the database alone; CPU a run: listeners "
+                f"{f[key + '_cpu_listeners']:.0f} µs, PostgreSQL {f[key + '_cpu_PostgreSQL']:.0f} µs, "
+                f"nginx {f[key + '_cpu_sink']:.0f} µs |")
+    rows += [
+        f"| Limit: bare aiohttp loop (same concurrency, same sink) | {aiohttp:,.0f} requests/s | | |",
+        f"| Limit: bare loop of the listener's HTTP stack | {stack:,.0f} requests/s | "
+        f"| {stack / aiohttp:.0%} of bare aiohttp |",
+        f"| Limit: the database alone (pgbench: claim_runs + complete_runs, 2 clients) | {db:,.0f} runs/s | "
+        f"| PostgreSQL CPU {f['pgbench_cpu_us']:.0f} µs a run |",
+    ]
+    size = min(sizes)
+    key = f"e2e_1l_{size}"
+    worst = f[key + "_max"] / 1000
+    rows.append(
+        f"| {size:,} due in one instant: all requests started within | {worst:.2f} s | ≤ 2 s: "
+        f"{verdict(worst <= 2)} | slot → request p50 {f[key + '_p50']:.0f} ms, p99 {f[key + '_p99']:.0f} ms "
+        "(1 listener) |")
+    if "single_p50" in f:
+        rows.append(
+            f"| 1 due: slot → request at the sink | p50 {f['single_p50']:.1f} ms, "
+            f"p99 {f['single_p99']:.1f} ms | p50 ≤ 20 ms, p99 ≤ 100 ms: "
+            f"{verdict(f['single_p50'] <= 20 and f['single_p99'] <= 100)} "
+            f"| max {f['single_max']:.1f} ms |")
+    rows += [
+        f"| `dispatch.tick()`, none due | {f['tick_0_due_ms']:.2f} ms | ≤ 2 ms: "
+        f"{verdict(f['tick_0_due_ms'] <= 2)} | |",
+        f"| `dispatch.tick()` marking 10,000 | {f['tick_10000_due_ms']:.1f} ms | ≤ 250 ms: "
+        f"{verdict(f['tick_10000_due_ms'] <= 250)} | 1,000 due: {f['tick_1000_due_ms']:.1f} ms |",
+        f"| `claim_runs(100)`, {f['claim_pending']:,} pending, 0 → {f['claim_finished']:,} finished "
+        f"| {f['claim_ms_empty']:.2f} → {f['claim_ms_full']:.2f} ms | as fast: "
+        f"{verdict(f['claim_ms_full'] <= 1.25 * f['claim_ms_empty'])} "
+        f"| `{f['claim_plan_full'].lstrip('-> ').split('  (')[0]}` |",
+        f"| WAL per dispatched run (audit row included) | {f['wal_bytes_per_run']:,.0f} bytes | ≤ 2 kB: "
+        f"{verdict(f['wal_bytes_per_run'] <= 2048)} | table + index growth {f['growth_bytes_per_run']:,.0f} "
+        "bytes a run |",
+        f"| Listener RSS, {f['rss_in_flight']:,} invocations in flight | {f['rss_in_flight_mb']:.1f} MB "
+        f"| ≤ 150 MB: {verdict(f['rss_peak_mb'] <= 150)} | idle {f['rss_idle_mb']:.1f} MB, "
+        f"peak {f['rss_peak_mb']:.1f} MB |",
+        f"| `dispatch.cron_next` | {f['cron_next_us']:.1f} µs a call | within 3 times croniter: "
+        f"{verdict(f['cron_next_us'] <= 3 * f['croniter_us'])} "
+        f"| {f['croniter_us'] / f['cron_next_us']:.1f} times croniter's speed ({f['croniter_us']:.1f} µs) |",
+    ]
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes: a smoke run, not the README's figures")
+    args = parser.parse_args()
+    steps = QUICK if args.quick else FULL
+    started = time.monotonic()
+    with tempfile.NamedTemporaryFile(prefix="pgdispatch-bench-", suffix=".jsonl") as results:
+        env = {**os.environ, "PGDISPATCH_BENCH_RESULTS": results.name}
+        for module, argv in steps:
+            print(f"\n=== python -m {module} {' '.join(argv)}", flush=True)
+            step_started = time.monotonic()
+            subprocess.run([sys.executable, "-m", module, *argv], check=True, env=env)
+            print(f"=== {module}: {time.monotonic() - step_started:.0f} s", flush=True)
+        figures: dict[str, Any] = {}
+        for line in Path(results.name).read_text().splitlines():
+            figures |= json.loads(line)
+
+    dispatch_argv = dict(steps)["bench.dispatch"]
+    sizes = [int(n) for n in dispatch_argv[dispatch_argv.index("--runs") + 1].split(",")]
+    counts = [int(n) for n in dispatch_argv[dispatch_argv.index("--listeners") + 1].split(",")]
+    cpu = os.cpu_count()
+    print(f"\n=== summary ({'QUICK: smoke sizes, ' if args.quick else ''}{cpu} CPUs; PostgreSQL, the "
+          f"listeners and nginx share them; all benchmarks took "
+          f"{(time.monotonic() - started) / 60:.1f} min)\n")
+    print("\n".join(table(figures, sizes, counts)))
+
+
+if __name__ == "__main__":
+    main()
