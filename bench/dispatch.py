@@ -137,7 +137,8 @@ def listeners(count: int, *, url: str, template: str, concurrency: int, log_dir:
               log_level: str) -> Iterator[list[int]]:
     """`count` real listener processes, each with --concurrency; yields their pids."""
     processes: list[subprocess.Popen[bytes]] = []
-    logs = [log_dir / f"listener-{count}-{n}.log" for n in range(count)]
+    started = time.strftime("%H%M%S")
+    logs = [log_dir / f"listener-{started}-{n + 1}-of-{count}.log" for n in range(count)]
     try:
         for n, log_path in enumerate(logs):
             with log_path.open("wb") as log:
