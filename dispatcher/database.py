@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -133,15 +133,19 @@ class Database:
                                  (self._worker_id, _int_array(run_ids)))
         return int(rows[0]["n"])
 
-    async def tick(self) -> int:
-        """Mark due runs (and expire leases); returns how many runs were marked."""
-        rows = await self._fetch("SELECT dispatch.tick() AS marked")
-        return int(rows[0]["marked"])
+    async def tick(self) -> tuple[int, datetime]:
+        """Mark due runs (and expire leases); returns how many runs were marked and the instant
+        the tick marked up to (its now(): every slot at or before it is marked or still open)."""
+        rows = await self._fetch("SELECT dispatch.tick() AS marked, now() AS covered")
+        return int(rows[0]["marked"]), rows[0]["covered"]
 
-    async def seconds_until_due(self) -> float | None:
-        """Seconds, by the database's clock, until the earliest next_run_at; None when none."""
+    async def seconds_until_due(self, covered: datetime | None) -> float | None:
+        """Seconds, by the database's clock, until the earliest next_run_at after `covered` (see
+        tick; now when None); negative when a slot came due since. None when there is none."""
         rows = await self._fetch(
-            "SELECT extract(epoch FROM dispatch.next_due_at() - clock_timestamp())::float8 AS s"
+            "SELECT extract(epoch FROM dispatch.next_due_after(coalesce(%s, now()))"
+            " - clock_timestamp())::float8 AS s",
+            (covered,),
         )
         seconds = rows[0]["s"]
         return None if seconds is None else float(seconds)

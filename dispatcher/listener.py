@@ -6,9 +6,9 @@ Tasks of one listener:
   wakes the claimer ("schedules" re-plans the clock instead). It reconnects with capped
   exponential backoff and asks for a sweep after every (re)connect, since a NOTIFY sent while
   it was away is gone.
-- clock: sleeps until the earliest next_run_at (dispatch.next_due_at(), by the database's
-  clock) and calls dispatch.tick() at that instant; every sweep interval it ticks and wakes the
-  claimer whatever happened.
+- clock: sleeps until the earliest next_run_at after the instant its last tick covered
+  (dispatch.next_due_after(), by the database's clock) and calls dispatch.tick() at that
+  instant; every sweep interval it ticks and wakes the claimer whatever happened.
 - claimer: claims in batches and queues the runs. It keeps up to PREFETCH_FACTOR times the
   concurrency claimed (queued, in flight or being recorded) when invocations are fast, only as
   many as the recent invocations drain in about PREFETCH_WAIT_S when they are slow (nothing
@@ -32,6 +32,7 @@ import contextlib
 import logging
 import signal
 import time
+from datetime import datetime
 
 import psycopg
 
@@ -414,13 +415,16 @@ class Listener:
         interval = self.settings.sweep_interval_s
         next_sweep = time.monotonic()
         backoff = Backoff(max_s=1.0)  # as the claimer: tick again soon after the database is back
+        # The instant the last tick marked up to. Planning from it rather than from now, a slot
+        # that comes due between that tick and a re-plan is ticked at once, not skipped.
+        covered: datetime | None = None
         while True:
             self._replan.clear()
             if self._sweep_requested:
                 self._sweep_requested = False
                 next_sweep = time.monotonic()
             try:
-                due_in = await self._db.seconds_until_due()
+                due_in = await self._db.seconds_until_due(covered)
             except DatabaseUnavailable:
                 due_in = None  # the sweep retries; the listen task reports the outage
             now = time.monotonic()
@@ -428,8 +432,13 @@ class Listener:
             if wait > 0 and await _wait(self._replan, wait):
                 continue
             sweep = time.monotonic() >= next_sweep
+            if sweep:
+                self._sweep_requested = False  # this sweep answers any request made before it
+            # Ready (READY=1 under systemd) after a sweep that began with LISTEN active: one
+            # that began before could have missed a NOTIFY sent before the LISTEN.
+            listening = self._listening
             try:
-                marked = await self._db.tick()
+                marked, covered = await self._db.tick()
             except DatabaseUnavailable as exc:
                 delay = min(backoff.next_delay(), interval)
                 logger.warning("tick failed, retrying in %.1f s", delay,
@@ -445,7 +454,7 @@ class Listener:
                 self._wake.set()
             if sweep:
                 next_sweep = time.monotonic() + interval
-                if self._listening:
+                if listening:
                     self.ready.set()
 
     # -- LISTEN ----------------------------------------------------------------------------

@@ -37,6 +37,9 @@ SET client_min_messages = warning;
 \set version 9
 \set name 0009_fillfactor
 \ir apply_migration.psql
+\set version 10
+\set name 0010_next_due_after
+\ir apply_migration.psql
 
 SELECT dispatch.register_cron_job() AS cron_status \gset
 \echo :cron_status

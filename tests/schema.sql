@@ -1167,6 +1167,27 @@ COMMENT ON FUNCTION dispatch.expire_leases() IS 'Hand running runs whose lease p
 
 
 --
+-- Name: next_due_after(timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.next_due_after(covered timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN (SELECT min(next_run_at) FROM dispatch.schedules WHERE next_run_at > next_due_after.covered);
+END
+$$;
+
+
+--
+-- Name: FUNCTION next_due_after(covered timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.next_due_after(covered timestamp with time zone) IS 'The earliest next_run_at of a live schedule after "covered" (the instant a caller''s last dispatch.tick() marked up to: its now()). In the past when a slot came due since: tick at once. Schedules whose run is still open stay at their slot, at or before "covered", and are not answered again.';
+
+
+--
 -- Name: next_due_at(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -2107,6 +2128,15 @@ GRANT ALL ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after tim
 --
 
 REVOKE ALL ON FUNCTION dispatch.expire_leases() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION next_due_after(covered timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.next_due_after(covered timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.next_due_after(covered timestamp with time zone) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.next_due_after(covered timestamp with time zone) TO dispatch_admin;
 
 
 --

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -517,3 +518,15 @@ def test_a_zone_gone_from_the_tz_database_backs_off_without_failing_the_batch(db
     assert backed_off[0].total_seconds() == pytest.approx(3600, abs=5)
     assert backed_off[1:] == ("ok", "cannot compute the next slot (see the server log), retrying in 1 hour")
     assert scalar(db, "SELECT count(*) FROM dispatch.audit_log WHERE action = 'schedule.run.ok'") == 2
+
+
+def test_next_due_after_answers_what_came_due_since_the_instant_covered(db: psycopg.Connection) -> None:
+    a, b = add_schedule(db, "0 0 1 1 *"), add_schedule(db, "0 0 1 1 *")
+    now = scalar(db, "SELECT now()")
+    past, future = now - timedelta(seconds=10), now + timedelta(hours=1)
+    db.execute("UPDATE dispatch.schedules SET next_run_at = %s WHERE id = %s", (past, a))
+    db.execute("UPDATE dispatch.schedules SET next_run_at = %s WHERE id = %s", (future, b))
+    # covered before a's slot: a, in the past; covered after it: b; next_due_at() never says a
+    assert scalar(db, "SELECT dispatch.next_due_after(%s)", (now - timedelta(minutes=1),)) == past
+    assert scalar(db, "SELECT dispatch.next_due_after(%s)", (now - timedelta(seconds=5),)) == future
+    assert scalar(db, "SELECT dispatch.next_due_at()") == future

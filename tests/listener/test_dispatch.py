@@ -103,6 +103,20 @@ async def test_timer_ticks_at_the_due_instant_without_pg_cron(
                 what="the run recorded")
 
 
+async def test_a_slot_that_came_due_since_the_last_tick_is_not_skipped_by_a_replan(
+    db: psycopg.Connection, sink: Sink, start_listener: StartListener
+) -> None:
+    # The clock re-plans on a NOTIFY or after recording outcomes. A re-plan that happened just
+    # after a slot's instant, before the timer's tick, asked for the earliest slot after *now*
+    # and skipped that one until the sweep. Staged without a race: the slot is the UPDATE's own
+    # now(), already past when anyone can see it, and the re-plan (NOTIFY) comes after.
+    add_schedules(db, 1, function_name="late")
+    await start_listener(sweep_interval_s=3600)  # only its clock can tick the slot
+    db.execute("UPDATE dispatch.schedules SET next_run_at = now()")
+    db.execute("SELECT pg_notify('dispatch', 'schedules')")
+    await until(lambda: sink.calls, within=5, what="the invocation of the slot that came due")
+
+
 async def test_outcomes_are_recorded_with_their_error(
     db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener
 ) -> None:
