@@ -5,7 +5,8 @@
 
 Runs, each in its own process and printing its own detail: bench.cron_next, bench.tick
 (1,000,000 schedules), bench.claim (100,000 pending, 10,000,000 finished; WAL per run),
-bench.complete_pgbench (the database alone, 50,000 runs), bench.dispatch (10,000 and 50,000
+bench.complete_pgbench (the database alone, 50,000 runs), bench.finish_cost (what each part of
+finishing a run costs the database), bench.dispatch (10,000 and 50,000
 due at once, one and two listeners, against a bare aiohttp loop and the listener's own HTTP
 stack, nginx sink, py-spy profile) and bench.memory (1,000 invocations in flight). --quick
 shrinks every size for a smoke run; its figures are not the README's.
@@ -28,6 +29,7 @@ FULL = [
     ("bench.tick", []),
     ("bench.claim", []),
     ("bench.complete_pgbench", ["--runs", "50000"]),
+    ("bench.finish_cost", []),
     ("bench.dispatch", ["--runs", "10000,50000", "--listeners", "1,2", "--rounds", "3", "--profile"]),
     ("bench.memory", []),
 ]
@@ -36,6 +38,7 @@ QUICK = [
     ("bench.tick", ["--schedules", "20000"]),
     ("bench.claim", ["--pending", "2000", "--finished", "20000"]),
     ("bench.complete_pgbench", ["--runs", "2000"]),
+    ("bench.finish_cost", ["--runs", "1000"]),
     ("bench.dispatch",
      ["--runs", "2000", "--listeners", "1,2", "--rounds", "1", "--single", "3", "--profile"]),
     ("bench.memory", ["--runs", "200"]),
@@ -70,6 +73,10 @@ def table(f: dict[str, Any], sizes: list[int], listener_counts: list[int]) -> li
         f"| {stack / aiohttp:.0%} of bare aiohttp |",
         f"| Limit: the database alone (pgbench: claim_runs + complete_runs, 2 clients) | {db:,.0f} runs/s | "
         f"| PostgreSQL CPU {f['pgbench_cpu_us']:.0f} µs a run |",
+        f"| Finishing a run (`complete_runs`, one session, batches of 100) | {f['finish_us']:.0f} µs a run | "
+        f"| next slot {f['finish_next_slot_us']:.0f} µs, audit row {f['finish_audit_us']:.0f} µs, schedule "
+        f"update {f['finish_schedule_us']:.0f} µs, run row update + locks + batch plumbing "
+        f"{f['finish_rest_us']:.0f} µs |",
     ]
     size = min(sizes)
     key = f"e2e_1l_{size}"

@@ -1,0 +1,124 @@
+"""What each part of finishing a run costs the database: dispatch.complete_runs over --runs
+claimed runs in batches of 100, with parts of dispatch._finish_batch taken out one by one
+(variants interleaved, three rounds, the median of each).
+
+    .venv/bin/python -m bench.finish_cost [--runs 10000]
+
+The differences between the variants are the parts' costs (a profile by subtraction: the
+parts are one SQL statement, which EXPLAIN ANALYZE would show only with the instrumentation
+of every nested cron call in it). Schedules use bench.common.SPREAD_CRON: each next slot is
+computed on its own. A fresh database per variant, in a private cluster with the test clusters'
+fast settings (.pgdata/bench-finish: fsync off), so that the disk does not blur the CPU."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import time
+
+import psycopg
+
+from bench.common import ROOT, SPREAD_CRON, record
+from dispatcher.migrations import install
+
+SOURCE = (ROOT / "sql" / "migrations" / "0008_batch_next_slots.sql").read_text()
+FINISH = SOURCE[SOURCE.index("CREATE FUNCTION dispatch._finish_batch"):
+                SOURCE.index("CREATE OR REPLACE FUNCTION dispatch._runs_finished")]
+FINISH = FINISH.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+
+NO_CRON = ("ELSE dispatch.cron_spec_next(u.cron_spec, u.after, u.timezone)",
+           "ELSE u.after + interval '1 year'")
+NO_AUDIT = re.compile(r"audit AS \(\n        INSERT INTO dispatch.audit_log.*?FROM nexts n\n    \)", re.S)
+NO_ADVANCE = re.compile(
+    r"advance AS \(\n        UPDATE dispatch.schedules.*?WHERE s.id = n.schedule_id\n    \)", re.S)
+
+VARIANTS = ["as installed", "without the next-slot computation", "without the audit row",
+            "without next slot and audit row", "without next slot, audit row and schedule update"]
+
+
+def variant(name: str) -> str:
+    source = FINISH
+    if "next slot" in name or "next-slot" in name:
+        assert NO_CRON[0] in source
+        source = source.replace(*NO_CRON)
+    if "audit" in name:
+        source, found = NO_AUDIT.subn("audit AS (SELECT 1)", source)
+        assert found == 1
+    if "schedule update" in name:
+        source, found = NO_ADVANCE.subn("advance AS (SELECT 1)", source)
+        assert found == 1
+    return source
+
+
+CLUSTER = ROOT / ".pgdata" / "bench-finish"
+PG_CLUSTER = str(ROOT / "scripts" / "pg-cluster")
+
+
+def fresh_database(port: str) -> str:
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS bench_finish_cost WITH (FORCE)")
+        conn.execute("CREATE DATABASE bench_finish_cost")
+    url = f"postgresql://postgres@127.0.0.1:{port}/bench_finish_cost"
+    install(url)
+    return url
+
+
+def measure(name: str, runs: int, port: str) -> float:
+    """Microseconds of complete_runs a run."""
+    with psycopg.connect(fresh_database(port), autocommit=True) as db:
+        db.execute(variant(name))
+        db.execute("SET session_replication_role = replica")  # bulk load: triggers off
+        db.execute(
+            "INSERT INTO dispatch.schedules"
+            " (project_id, function_name, cron_expression, timezone, cron_spec, next_run_at, args)"
+            f" SELECT 'bench', 'sink', {SPREAD_CRON}, 'UTC', dispatch.cron_parse({SPREAD_CRON}),"
+            "        now() - interval '1 minute', jsonb_build_object('i', i)"
+            " FROM generate_series(1, %s) i", (runs,))
+        db.execute("RESET session_replication_role")
+        db.execute("SELECT dispatch.tick()")
+        batches = []
+        while ids := [r[0] for r in db.execute("SELECT run_id FROM dispatch.claim_runs('w', 100, '5 min')")]:
+            batches.append(ids)
+        db.execute("VACUUM ANALYZE")
+        started = time.perf_counter()
+        for ids in batches:
+            db.execute("SELECT count(*) FROM dispatch.complete_runs('w', %s, %s, %s, %s, %s)",
+                       (ids, ["ok"] * len(ids), [None] * len(ids), [200] * len(ids), [5] * len(ids)))
+        return (time.perf_counter() - started) / runs * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=10_000)
+    args = parser.parse_args()
+    print(f"finishing a run: dispatch.complete_runs, {args.runs:,} runs in batches of 100, one session")
+    port = subprocess.run([PG_CLUSTER, "start", str(CLUSTER)], check=True, capture_output=True, text=True,
+                          env={**os.environ, "PGDISPATCH_CLUSTER_FAST": "1"}).stdout.strip()
+    try:
+        samples: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        for _ in range(3):
+            for name in VARIANTS:
+                samples[name].append(measure(name, args.runs, port))
+    finally:
+        subprocess.run([PG_CLUSTER, "stop", str(CLUSTER)], check=False)
+    costs = {name: statistics.median(values) for name, values in samples.items()}
+    for name, us in costs.items():
+        print(f"  {name:<50} {us:6.1f} us a run")
+    full, bare = costs[VARIANTS[0]], costs[VARIANTS[-1]]
+    parts = {
+        "next slot": full - costs[VARIANTS[1]],
+        "audit row": full - costs[VARIANTS[2]],
+        "schedule update": costs[VARIANTS[3]] - bare,
+        "the rest (run row update, locks, batch plumbing)": bare,
+    }
+    print("  by part: " + ", ".join(f"{name} {us:.0f} us" for name, us in parts.items()))
+    record(finish_us=full, finish_next_slot_us=parts["next slot"], finish_audit_us=parts["audit row"],
+           finish_schedule_us=parts["schedule update"], finish_rest_us=bare)
+
+
+if __name__ == "__main__":
+    main()
