@@ -38,7 +38,7 @@ def load_schedules(conn: psycopg.Connection, count: int) -> None:
     conn.execute("RESET session_replication_role")
 
 
-def claim_ms(conn: psycopg.Connection, repeat: int = 50) -> float:
+def claim_ms(conn: psycopg.Connection, repeat: int = 200) -> float:
     samples = []
     for _ in range(repeat):
         with conn.transaction(force_rollback=True):
