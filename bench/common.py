@@ -8,6 +8,8 @@ import json
 import os
 import statistics
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -17,7 +19,7 @@ from dispatcher.migrations import install
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_DIR = ROOT / ".pgdata" / "bench"
 
-__all__ = ["SPREAD_CRON", "fresh_database", "median_ms", "record", "stop_cluster"]
+__all__ = ["SPREAD_CRON", "fresh_database", "median_ms", "record", "stop_cluster", "wait_until"]
 
 # The cron expression of schedule number i in the dispatch benchmarks, as SQL for a query with
 # parameters: 1,440 distinct expressions ('m h 1 1 *': one minute of New Year's Day each, so
@@ -59,3 +61,13 @@ def record(**figures: float | str) -> None:
     if path:
         with open(path, "a") as results:
             results.write(json.dumps(figures, default=float) + "\n")  # numeric arrives as Decimal
+
+
+def wait_until(predicate: Callable[[], object], what: str, *, within: float = 120.0,
+               every: float = 0.01) -> None:
+    """Poll `predicate` every `every` seconds until it is truthy; give up after `within`."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: timed out after {within:g} s waiting for {what}")
+        time.sleep(every)

@@ -29,7 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,7 +37,7 @@ from pathlib import Path
 import aiohttp
 import psycopg
 
-from bench.common import SPREAD_CRON, record
+from bench.common import SPREAD_CRON, record, wait_until
 from bench.profile import PySpy, summarize
 from bench.sink import NginxSink
 from dispatcher.invoke import Invoker, new_session
@@ -74,14 +74,6 @@ def cluster_pids(data_dir: Path) -> list[int]:
     children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
     return [postmaster, *map(int, children)]
 
-
-def wait_until(predicate: Callable[[], object], what: str, within: float = 120.0,
-               every: float = 0.01) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench: timed out waiting for {what}")
-        time.sleep(every)
 
 
 # -- the limits ------------------------------------------------------------------------------

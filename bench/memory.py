@@ -26,13 +26,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 from aiohttp import web
 
-from bench.common import record
+from bench.common import record, wait_until
 from dispatcher.migrations import install
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,14 +103,6 @@ def sink_get(sink_url: str, path: str) -> dict[str, int]:
     with urllib.request.urlopen(f"{sink_url}{path}", timeout=10) as response:  # noqa: S310 - loopback
         return dict(json.load(response))
 
-
-def wait_until(predicate: Callable[[], object], what: str, *, within: float = 120.0,
-               every: float = 0.05) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench: timed out after {within:g} s waiting for {what}")
-        time.sleep(every)
 
 
 def alive(process: subprocess.Popen[bytes], what: str) -> None:

@@ -1192,13 +1192,9 @@ COMMENT ON FUNCTION dispatch.next_due_after(covered timestamp with time zone) IS
 --
 
 CREATE FUNCTION dispatch.next_due_at() RETURNS timestamp with time zone
-    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-BEGIN
-    RETURN (SELECT min(next_run_at) FROM dispatch.schedules WHERE next_run_at > now());
-END
-$$;
+    AS $$ SELECT dispatch.next_due_after(now()) $$;
 
 
 --

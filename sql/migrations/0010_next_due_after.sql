@@ -19,5 +19,13 @@ $$;
 COMMENT ON FUNCTION dispatch.next_due_after(timestamptz) IS
     'The earliest next_run_at of a live schedule after "covered" (the instant a caller''s last dispatch.tick() marked up to: its now()). In the past when a slot came due since: tick at once. Schedules whose run is still open stay at their slot, at or before "covered", and are not answered again.';
 
+-- One implementation: next_due_at() is next_due_after(now()).
+CREATE OR REPLACE FUNCTION dispatch.next_due_at()
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT dispatch.next_due_after(now()) $$;
+
 REVOKE ALL ON FUNCTION dispatch.next_due_after(timestamptz) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION dispatch.next_due_after(timestamptz) TO dispatch_listener, dispatch_admin;
