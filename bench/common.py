@@ -1,6 +1,6 @@
-"""Shared by the benchmarks: a private, durable PostgreSQL 15 + pg_cron cluster in
-.pgdata/bench (started if needed, left running for the next benchmark) and a fresh database
-with sql/ installed."""
+"""Shared by the benchmarks: private PostgreSQL 15 + pg_cron clusters (the durable one in
+.pgdata/bench, started if needed and left running for the next benchmark, or a fast one of a
+benchmark's own), fresh databases with sql/ installed, and the CPU time processes used."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ from dispatcher.migrations import install
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_DIR = ROOT / ".pgdata" / "bench"
+PG_CLUSTER = str(ROOT / "scripts" / "pg-cluster")
 
-__all__ = ["SPREAD_CRON", "fresh_database", "median_ms", "record", "stop_cluster", "wait_until"]
+__all__ = ["SPREAD_CRON", "children", "cluster_cpu_s", "fresh_database", "median_ms", "process_cpu_s",
+           "record", "recreate_database", "start_cluster", "stop_cluster", "wait_until"]
 
 # The cron expression of schedule number i in the dispatch benchmarks, as SQL for a query with
 # parameters: 1,440 distinct expressions ('m h 1 1 *': one minute of New Year's Day each, so
@@ -29,25 +31,57 @@ __all__ = ["SPREAD_CRON", "fresh_database", "median_ms", "record", "stop_cluster
 SPREAD_CRON = "(i %% 60) || ' ' || (i / 60 %% 24) || ' 1 1 *'"
 
 
-def fresh_database(name: str) -> str:
-    """Drop and recreate database `name` in the bench cluster, install sql/, return its conninfo."""
-    port = subprocess.run(
-        [str(ROOT / "scripts" / "pg-cluster"), "start", str(CLUSTER_DIR)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    admin = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
+def start_cluster(data_dir: Path = CLUSTER_DIR, *, fast: bool = False) -> str:
+    """Start the private cluster in data_dir (initialising it the first time: durable, or with the
+    test clusters' fast settings, fsync off, when `fast`); returns its port."""
+    env = {**os.environ, "PGDISPATCH_CLUSTER_FAST": "1"} if fast else None
+    return subprocess.run([PG_CLUSTER, "start", str(data_dir)], check=True, capture_output=True,
+                          text=True, env=env).stdout.strip()
+
+
+def stop_cluster(data_dir: Path = CLUSTER_DIR, *, check: bool = True) -> None:
+    subprocess.run([PG_CLUSTER, "stop", str(data_dir)], check=check)
+
+
+def recreate_database(port: str, name: str) -> str:
+    """Drop and recreate database `name` in the cluster on `port`, install sql/, return its URL."""
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
-    conninfo = f"host=127.0.0.1 port={port} user=postgres dbname={name}"
-    install(conninfo)
-    return conninfo
+    url = f"postgresql://postgres@127.0.0.1:{port}/{name}"
+    install(url)
+    return url
 
 
-def stop_cluster() -> None:
-    subprocess.run([str(ROOT / "scripts" / "pg-cluster"), "stop", str(CLUSTER_DIR)], check=True)
+def fresh_database(name: str) -> str:
+    """Drop and recreate database `name` in the durable bench cluster, install sql/, return its URL."""
+    return recreate_database(start_cluster(), name)
+
+
+def process_cpu_s(pid: int, *, reaped_children: bool = False) -> float:
+    """CPU seconds (user + system) used so far by a process (plus, with reaped_children, by its
+    children that have exited and been waited for); 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def cluster_cpu_s(postmaster: int) -> float:
+    """CPU seconds used so far by the whole cluster: the postmaster, its live processes, and
+    those that have exited (backends of finished connections, autovacuum workers)."""
+    return process_cpu_s(postmaster, reaped_children=True) + sum(map(process_cpu_s, children(postmaster)))
 
 
 def median_ms(samples_s: list[float]) -> float:

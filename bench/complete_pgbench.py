@@ -53,13 +53,20 @@ from typing import Any
 
 import psycopg
 
-from bench.common import SPREAD_CRON, record
-from dispatcher.migrations import install
+from bench.common import (
+    SPREAD_CRON,
+    children,
+    cluster_cpu_s,
+    process_cpu_s,
+    record,
+    recreate_database,
+    start_cluster,
+    stop_cluster,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "bench_pgbench"
 LEASE = "60 seconds"
-PG_CLUSTER = str(ROOT / "scripts" / "pg-cluster")
 
 # One pgbench script execution = one listener batch: claim (transaction 1), complete (transaction 2).
 SCRIPT = """\
@@ -79,32 +86,6 @@ def pgbench_binary() -> str:
     if found is None:
         raise SystemExit("bench: pgbench not found (apt-get install postgresql-client-15)")
     return found
-
-
-def process_cpu_s(pid: int, *, reaped_children: bool = False) -> float:
-    """CPU seconds (user + system) used so far by a process (plus, with reaped_children, by its
-    children that have exited and been waited for); 0 if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    ticks = int(fields[11]) + int(fields[12])
-    if reaped_children:
-        ticks += int(fields[13]) + int(fields[14])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def cluster_cpu_s(postmaster: int) -> float:
-    """CPU seconds used so far by the whole cluster: the postmaster, its live processes, and
-    those that have exited (backends of finished connections, autovacuum workers)."""
-    return process_cpu_s(postmaster, reaped_children=True) + sum(map(process_cpu_s, children(postmaster)))
 
 
 def wait_for_backends_gone(postmaster: int, keep: set[int], within: float = 30.0) -> None:
@@ -141,13 +122,6 @@ def parse_pgbench(output: str) -> tuple[float, float, list[tuple[float, str]]]:
     for match in re.finditer(r"^\s+([\d.]+)\s+\d+\s+(SELECT .*)$", output, re.M):
         statements.append((float(match[1]), match[2]))
     return float(tps[1]), float(latency[1]), statements
-
-
-def start_cluster(data_dir: Path) -> str:
-    """Start (initialising it with the fast settings the first time) the private cluster; its port."""
-    env = {**os.environ, "PGDISPATCH_CLUSTER_FAST": "1"}
-    return subprocess.run([PG_CLUSTER, "start", str(data_dir)], check=True, capture_output=True,
-                          text=True, env=env).stdout.strip()
 
 
 def one(db: psycopg.Connection, query: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...]:
@@ -203,13 +177,9 @@ def main() -> None:
     exact = per_client * batch * clients == runs
     started = time.perf_counter()
 
-    port = start_cluster(args.dir)
+    port = start_cluster(args.dir, fast=True)
     try:
-        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-            conn.execute(f"CREATE DATABASE {DATABASE}")
-        url = f"postgresql://postgres@127.0.0.1:{port}/{DATABASE}"
-        install(url)
+        url = recreate_database(port, DATABASE)
 
         with psycopg.connect(url, autocommit=True) as db:
             settings: dict[str, str] = dict(db.execute(
@@ -291,7 +261,7 @@ def main() -> None:
         print(f"  check: {ok:,} runs ok, {audited:,} 'schedule.run.ok' audit rows; "
               f"{time.perf_counter() - started:.0f} s in all")
     finally:
-        subprocess.run([PG_CLUSTER, "stop", str(args.dir)], check=False)
+        stop_cluster(args.dir, check=False)
 
 
 if __name__ == "__main__":

@@ -29,19 +29,28 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
 import psycopg
 
-from bench.common import SPREAD_CRON, record, wait_until
+from bench.common import (
+    SPREAD_CRON,
+    cluster_cpu_s,
+    process_cpu_s,
+    record,
+    recreate_database,
+    start_cluster,
+    stop_cluster,
+    wait_until,
+)
 from bench.profile import PySpy, summarize
 from bench.sink import NginxSink
 from dispatcher.invoke import Invoker, new_session
-from dispatcher.migrations import install
 from dispatcher.runs import Run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,27 +62,6 @@ __all__ = ["measure"]
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def cpu_s(pids: list[int]) -> float:
-    """CPU seconds (user + system) used so far by these processes; 0 for any that is gone."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
-
-
-def cluster_pids(data_dir: Path) -> list[int]:
-    """The postmaster and every backend of the bench cluster."""
-    postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
-    children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
-    return [postmaster, *map(int, children)]
-
 
 
 # -- the limits ------------------------------------------------------------------------------
@@ -151,19 +139,27 @@ def listeners(count: int, *, url: str, template: str, concurrency: int, log_dir:
             process.wait(60)
 
 
+@dataclass(frozen=True)
 class Round:
     """One end-to-end round's figures."""
 
-    def __init__(self, rate: float, latencies: list[float], cpu_us: dict[str, float], bad: int) -> None:
-        self.rate, self.latencies, self.cpu_us, self.bad = rate, latencies, cpu_us, bad
+    rate: float
+    latencies: list[float]
+    cpu_us: dict[str, float]
+    bad: int
 
 
 def end_to_end(db: psycopg.Connection, sink: NginxSink, *, runs: int, listener_pids: list[int],
                pg_dir: Path) -> Round:
     """`runs` schedules due at one instant, 2 s ahead: the listeners' timers tick then."""
-    pg = cluster_pids(pg_dir)
-    processes = {"listeners": listener_pids, "PostgreSQL": pg, "sink": sink.pids()}
-    before = {name: cpu_s(pids) for name, pids in processes.items()}
+    postmaster = int((pg_dir / "postmaster.pid").read_text().split()[0])
+    sink_pids = sink.pids()
+    meters: dict[str, Callable[[], float]] = {
+        "listeners": lambda: sum(map(process_cpu_s, listener_pids)),
+        "PostgreSQL": lambda: cluster_cpu_s(postmaster),  # backends that exit meanwhile included
+        "sink": lambda: sum(map(process_cpu_s, sink_pids)),
+    }
+    before = {name: meter() for name, meter in meters.items()}
     with db.transaction():
         row = db.execute(
             "UPDATE dispatch.schedules SET next_run_at = date_trunc('second', now()) + interval '2 s'"
@@ -179,7 +175,7 @@ def end_to_end(db: psycopg.Connection, sink: NginxSink, *, runs: int, listener_p
     waiting = "SELECT EXISTS (SELECT FROM dispatch.schedules WHERE next_run_at = to_timestamp(%s))"
     wait_until(lambda: db.execute(waiting, (instant,)).fetchone() == (False,), "all runs recorded",
                within=900, every=0.1)
-    used = {name: (cpu_s(pids) - before[name]) / runs * 1e6 for name, pids in processes.items()}
+    used = {name: (meter() - before[name]) / runs * 1e6 for name, meter in meters.items()}
     last, bad = db.execute(
         "SELECT extract(epoch FROM max(finished_at))::float8, count(*) FILTER (WHERE status <> 'ok')"
         " FROM dispatch.runs WHERE scheduled_for = to_timestamp(%s)", (instant,),
@@ -217,18 +213,10 @@ def single_latency(db: psycopg.Connection, sink: NginxSink, trials: int) -> list
 def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, rounds: int, single: int,
             data_dir: Path, log_level: str = "info", profile: bool = False) -> dict[str, float]:
     """Run the benchmark, print its figures, return the medians by name."""
-    env = {**os.environ, "PGDISPATCH_CLUSTER_FAST": "1"}
-    cluster = str(ROOT / "scripts" / "pg-cluster")
-    port = subprocess.run([cluster, "start", str(data_dir)], check=True, capture_output=True, text=True,
-                          env=env).stdout.strip()
-    admin = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    url = f"postgresql://postgres@127.0.0.1:{port}/{DATABASE}"
+    port = start_cluster(data_dir, fast=True)
     results: dict[str, float] = {}
     try:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-            conn.execute(f"CREATE DATABASE {DATABASE}")
-        install(url)
+        url = recreate_database(port, DATABASE)
         with NginxSink() as sink, psycopg.connect(url, autocommit=True) as db:
             print(f"dispatch: {'/'.join(map(str, runs))} slots due at once, "
                   f"{'/'.join(map(str, listener_counts))} listener(s) with concurrency {concurrency} each, "
@@ -308,7 +296,7 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
                       f"p50 {results['single_p50']:.1f} ms, p99 {results['single_p99']:.1f} ms, "
                       f"max {results['single_max']:.1f} ms")
     finally:
-        subprocess.run([cluster, "stop", str(data_dir)], check=False)
+        stop_cluster(data_dir, check=False)
     record(**results)
     return results
 

@@ -13,15 +13,12 @@ fast settings (.pgdata/bench-finish: fsync off), so that the disk does not blur 
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import time
 
 import psycopg
 
-from bench.common import ROOT, SPREAD_CRON, record
-from dispatcher.migrations import install
+from bench.common import ROOT, SPREAD_CRON, record, recreate_database, start_cluster, stop_cluster
 
 SOURCE = (ROOT / "sql" / "migrations" / "0008_batch_next_slots.sql").read_text()
 FINISH = SOURCE[SOURCE.index("CREATE FUNCTION dispatch._finish_batch"):
@@ -54,21 +51,11 @@ def variant(name: str) -> str:
 
 
 CLUSTER = ROOT / ".pgdata" / "bench-finish"
-PG_CLUSTER = str(ROOT / "scripts" / "pg-cluster")
-
-
-def fresh_database(port: str) -> str:
-    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS bench_finish_cost WITH (FORCE)")
-        conn.execute("CREATE DATABASE bench_finish_cost")
-    url = f"postgresql://postgres@127.0.0.1:{port}/bench_finish_cost"
-    install(url)
-    return url
 
 
 def measure(name: str, runs: int, port: str) -> float:
     """Microseconds of complete_runs a run."""
-    with psycopg.connect(fresh_database(port), autocommit=True) as db:
+    with psycopg.connect(recreate_database(port, "bench_finish_cost"), autocommit=True) as db:
         db.execute(variant(name))
         db.execute("SET session_replication_role = replica")  # bulk load: triggers off
         db.execute(
@@ -96,15 +83,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20_000)
     args = parser.parse_args()
     print(f"finishing a run: dispatch.complete_runs, {args.runs:,} runs in batches of 100, one session")
-    port = subprocess.run([PG_CLUSTER, "start", str(CLUSTER)], check=True, capture_output=True, text=True,
-                          env={**os.environ, "PGDISPATCH_CLUSTER_FAST": "1"}).stdout.strip()
+    port = start_cluster(CLUSTER, fast=True)
     try:
         samples: dict[str, list[float]] = {name: [] for name in VARIANTS}
         for _ in range(3):
             for name in VARIANTS:
                 samples[name].append(measure(name, args.runs, port))
     finally:
-        subprocess.run([PG_CLUSTER, "stop", str(CLUSTER)], check=False)
+        stop_cluster(CLUSTER, check=False)
     costs = {name: min(values) for name, values in samples.items()}
     for name, us in costs.items():
         print(f"  {name:<50} {us:6.1f} us a run")

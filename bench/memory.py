@@ -31,8 +31,7 @@ from pathlib import Path
 import psycopg
 from aiohttp import web
 
-from bench.common import record, wait_until
-from dispatcher.migrations import install
+from bench.common import record, recreate_database, start_cluster, stop_cluster, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "bench_memory"
@@ -124,19 +123,10 @@ def bench(args: argparse.Namespace) -> None:
     started = time.monotonic()
     runs: int = args.runs
     raise_fd_limit(runs * 2 + 1024)
-    pg_cluster = str(ROOT / "scripts" / "pg-cluster")
-    env = {**os.environ, "PGDISPATCH_CLUSTER_FAST": "1"}
     sink: subprocess.Popen[str] | None = None
     listener: subprocess.Popen[bytes] | None = None
     try:
-        port = subprocess.run([pg_cluster, "start", str(args.dir)], check=True, capture_output=True,
-                              text=True, env=env).stdout.strip()
-        admin = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-        url = f"postgresql://postgres@127.0.0.1:{port}/{DATABASE}"
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-            conn.execute(f"CREATE DATABASE {DATABASE}")
-        install(url)
+        url = recreate_database(start_cluster(args.dir, fast=True), DATABASE)
 
         sink = subprocess.Popen([sys.executable, "-m", "bench.memory", "sink"], cwd=ROOT,
                                 stdout=subprocess.PIPE, text=True)
@@ -242,7 +232,7 @@ def bench(args: argparse.Namespace) -> None:
         if sink is not None:
             sink.terminate()
             sink.wait(10)
-        subprocess.run([pg_cluster, "stop", str(args.dir)], check=False)
+        stop_cluster(args.dir, check=False)
 
 
 def main() -> None:
