@@ -10,7 +10,10 @@ still never holds more runs than it can record: a run counts against its claim b
 
 An outcome that cannot be written (the database is away) is kept in memory and retried until
 the run's lease would have expired; after that the run belongs to whoever claims it next, so
-the outcome is dropped. A run is never invoked again to make up for a lost write.
+the outcome is dropped. A run is never invoked again to make up for a lost write. An outcome the
+database answers `busy` for (another transaction, a DBA's left open, holds the run's schedule)
+is retried for as long as it stays busy: the lease cannot expire under that lock either, and
+the attempt fences whatever comes after.
 
 Logs: `run_finished` is one record per run with its status and duration, at DEBUG for `ok` runs
 and at INFO for the others; every written batch also logs one INFO `runs_finished` record with
@@ -29,7 +32,7 @@ from collections.abc import Callable
 import psycopg
 
 from dispatcher.backoff import Backoff
-from dispatcher.database import Database, DatabaseUnavailable
+from dispatcher.database import Database, DatabaseUnavailable, Recorded
 from dispatcher.runs import Outcome, Run
 
 __all__ = ["BATCH_MAX", "Completer"]
@@ -75,7 +78,7 @@ class Completer:
         self._writing = 0  # batches being written
         self._idle = asyncio.Event()  # nothing queued and nothing being written
         self._idle.set()
-        self._deferred: dict[int, tuple[Run, Outcome]] = {}
+        self._deferred: dict[int, tuple[Run, Outcome, bool]] = {}  # run id -> (run, outcome, busy)
         self._retrying: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
         self._settled.set()
@@ -126,7 +129,7 @@ class Completer:
             results = await self._db.complete_many(items)
         except DatabaseUnavailable as exc:
             for run, outcome in items:
-                self._defer(run, outcome, exc)
+                self._defer(run, outcome, str(exc))
             return
         except psycopg.Error:
             for run, outcome in items:  # find the one that fails; record the others
@@ -138,28 +141,34 @@ class Completer:
         try:
             await self._write(run, outcome)
         except DatabaseUnavailable as exc:
-            self._defer(run, outcome, exc)
+            self._defer(run, outcome, str(exc))
         except psycopg.Error as exc:  # not transient: retrying would fail the same way
             logger.error(
                 "run %s: recording its outcome failed: %s", run.run_id, exc,
                 extra={"event": "completion_failed", **_fields(run, outcome), "reason": str(exc)},
             )
 
-    async def _write(self, run: Run, outcome: Outcome) -> None:
-        recorded, advanced = await self._db.complete(run, outcome)
-        self._report_batch([(run, outcome)], [(recorded, advanced)])
+    async def _write(self, run: Run, outcome: Outcome) -> bool:
+        """Write one outcome; False when the database answered busy (it is deferred again)."""
+        result = await self._db.complete(run, outcome)
+        self._report_batch([(run, outcome)], [result])
+        return not result.busy
 
-    def _report_batch(self, items: list[tuple[Run, Outcome]], results: list[tuple[bool, bool]]) -> None:
+    def _report_batch(self, items: list[tuple[Run, Outcome]], results: list[Recorded]) -> None:
         per_run_debug = logger.isEnabledFor(logging.DEBUG)
         statuses: dict[str, int] = {}
         durations: list[int] = []
         advanced_any = False
-        for (run, outcome), (recorded, advanced) in zip(items, results, strict=True):
+        for (run, outcome), (recorded, advanced, busy) in zip(items, results, strict=True):
+            if busy:
+                self._defer(run, outcome, "another transaction holds the run or its schedule", busy=True)
+                continue
             if not recorded:
                 logger.warning(
                     "run %s: outcome not recorded, this listener no longer holds the run", run.run_id,
                     extra={"event": "run_not_recorded", **_fields(run, outcome),
-                           "reason": "lease expired and the run was taken over, or already recorded"},
+                           "reason": "the run is no longer running with this attempt: its lease expired, "
+                                     "or it was already recorded"},
                 )
                 continue
             advanced_any = advanced_any or advanced
@@ -181,14 +190,15 @@ class Completer:
         if advanced_any:
             self._on_advanced()
 
-    def _defer(self, run: Run, outcome: Outcome, exc: DatabaseUnavailable) -> None:
-        self._deferred[run.run_id] = (run, outcome)
+    def _defer(self, run: Run, outcome: Outcome, reason: str, *, busy: bool = False) -> None:
+        if run.run_id not in self._deferred:
+            logger.warning(
+                "run %s: cannot record its outcome now, keeping it to retry", run.run_id,
+                extra={"event": "completion_deferred", **_fields(run, outcome), "reason": reason,
+                       "busy": busy, "lease_left_s": round(run.lease_deadline - time.monotonic(), 1)},
+            )
+        self._deferred[run.run_id] = (run, outcome, busy)
         self._settled.clear()
-        logger.warning(
-            "run %s: cannot record its outcome now, keeping it until its lease ends", run.run_id,
-            extra={"event": "completion_deferred", **_fields(run, outcome), "reason": str(exc),
-                   "lease_left_s": round(run.lease_deadline - time.monotonic(), 1)},
-        )
         if self._retrying is None or self._retrying.done():
             self._retrying = asyncio.create_task(self._retry(), name="pgdispatch-completion-retry")
 
@@ -196,8 +206,8 @@ class Completer:
         backoff = Backoff()
         while self._deferred:
             await asyncio.sleep(backoff.next_delay())
-            for run_id, (run, outcome) in list(self._deferred.items()):
-                if time.monotonic() >= run.lease_deadline:
+            for run_id, (run, outcome, busy) in list(self._deferred.items()):
+                if not busy and time.monotonic() >= run.lease_deadline:
                     del self._deferred[run_id]
                     logger.error(
                         "run %s: lease ended before its outcome could be recorded", run_id,
@@ -205,11 +215,13 @@ class Completer:
                     )
                     continue
                 try:
-                    await self._write(run, outcome)
+                    written = await self._write(run, outcome)  # busy: stays deferred
                 except DatabaseUnavailable:
+                    self._deferred[run_id] = (run, outcome, False)
                     break
-                del self._deferred[run_id]
-                backoff.reset()
+                if written:
+                    del self._deferred[run_id]
+                    backoff.reset()
         self._settled.set()
 
     async def settle(self, timeout_s: float) -> int:
@@ -224,7 +236,7 @@ class Completer:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for run, outcome in self._deferred.values():
+        for run, outcome, _ in self._deferred.values():
             logger.error(
                 "run %s: outcome dropped at shutdown, the database was unavailable", run.run_id,
                 extra={"event": "completion_abandoned", **_fields(run, outcome)},

@@ -6,7 +6,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.rows import dict_row
@@ -14,9 +14,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from dispatcher.runs import Outcome, Run
 
-__all__ = ["Database", "DatabaseUnavailable"]
+__all__ = ["Database", "DatabaseUnavailable", "Recorded"]
 
-_COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s)"
+_COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s)"
 # How long a call waits for a pooled connection before the database counts as unavailable.
 CONNECTION_WAIT_S = 5.0
 # A pooled connection is checked (an empty query, one round trip) before use only when it has
@@ -37,6 +37,14 @@ def _text_array(values: Sequence[str | None]) -> str:
         "NULL" if value is None else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
         for value in values
     ) + "}"
+
+
+class Recorded(NamedTuple):
+    """What dispatch.complete_runs answered for one outcome."""
+
+    recorded: bool  # written: the run was still running with the attempt this listener claimed
+    advanced: bool  # its schedule moved on to its next slot
+    busy: bool  # not written because another transaction holds the run or its schedule: retry
 
 
 class DatabaseUnavailable(Exception):
@@ -98,39 +106,44 @@ class Database:
         return [Run.from_row(row, lease_deadline=deadline) for row in rows]
 
     def _complete_params(self, run: Run, outcome: Outcome) -> tuple[Any, ...]:
-        return (run.run_id, self._worker_id, outcome.status, outcome.error, outcome.http_status,
+        return (run.run_id, self._worker_id, run.attempt, outcome.status, outcome.error, outcome.http_status,
                 outcome.duration_ms)
 
-    async def complete(self, run: Run, outcome: Outcome) -> tuple[bool, bool]:
-        """Record an outcome; returns (recorded, advanced). recorded is False when this worker no
-        longer holds the run (its lease expired and another listener took it, or it was already
-        recorded by an earlier attempt whose answer was lost)."""
+    async def complete(self, run: Run, outcome: Outcome) -> Recorded:
+        """Record an outcome. Not recorded when the run is no longer running with the attempt
+        this listener claimed (its lease expired and the run was retried or lost, or an earlier
+        call whose answer was lost recorded it already)."""
         rows = await self._fetch(_COMPLETE, self._complete_params(run, outcome))
-        return bool(rows[0]["recorded"]), bool(rows[0]["advanced"])
+        return Recorded(bool(rows[0]["recorded"]), bool(rows[0]["advanced"]), bool(rows[0]["busy"]))
 
-    async def complete_many(self, items: list[tuple[Run, Outcome]]) -> list[tuple[bool, bool]]:
+    async def complete_many(self, items: list[tuple[Run, Outcome]]) -> list[Recorded]:
         """complete() for several runs with dispatch.complete_runs: one statement, one round trip,
-        one transaction (all are recorded or none)."""
+        one transaction."""
         outcomes = [outcome for _, outcome in items]
         rows = await self._fetch(
-            "SELECT run_id, recorded, advanced FROM dispatch.complete_runs("
-            "%s, %s::bigint[], %s::text[], %s::text[], %s::integer[], %s::integer[])",
+            "SELECT run_id, recorded, advanced, busy FROM dispatch.complete_runs("
+            "%s, %s::bigint[], %s::integer[], %s::text[], %s::text[], %s::integer[], %s::integer[])",
             (
                 self._worker_id,
                 _int_array([run.run_id for run, _ in items]),
+                _int_array([run.attempt for run, _ in items]),
                 _text_array([o.status for o in outcomes]),
                 _text_array([o.error for o in outcomes]),
                 _int_array([o.http_status for o in outcomes]),
                 _int_array([o.duration_ms for o in outcomes]),
             ),
         )
-        by_id = {row["run_id"]: (bool(row["recorded"]), bool(row["advanced"])) for row in rows}
+        by_id = {row["run_id"]: Recorded(bool(row["recorded"]), bool(row["advanced"]), bool(row["busy"]))
+                 for row in rows}
         return [by_id[run.run_id] for run, _ in items]
 
-    async def release(self, run_ids: list[int]) -> int:
+    async def release(self, runs: Sequence[Run]) -> int:
         """Hand claimed runs that were never invoked back to pending."""
-        rows = await self._fetch("SELECT dispatch.release_runs(%s, %s::bigint[]) AS n",
-                                 (self._worker_id, _int_array(run_ids)))
+        rows = await self._fetch(
+            "SELECT dispatch.release_runs(%s, %s::bigint[], %s::integer[]) AS n",
+            (self._worker_id, _int_array([run.run_id for run in runs]),
+             _int_array([run.attempt for run in runs])),
+        )
         return int(rows[0]["n"])
 
     async def tick(self) -> tuple[int, datetime]:

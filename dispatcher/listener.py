@@ -211,7 +211,7 @@ class Listener:
         if unstarted:
             self._settled(len(unstarted))
             try:
-                released = await self._db.release([run.run_id for run in unstarted])
+                released = await self._db.release(unstarted)
             except DatabaseUnavailable as exc:
                 logger.warning("could not hand back %d unstarted runs: their leases will expire",
                                len(unstarted),
@@ -324,7 +324,7 @@ class Listener:
         while self._expiring:
             runs, self._expiring = self._expiring, []
             try:
-                released = await self._db.release([run.run_id for run in runs])
+                released = await self._db.release(runs)
             except DatabaseUnavailable as exc:
                 released = 0
                 reason = str(exc)

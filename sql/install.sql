@@ -2,14 +2,18 @@
 --
 --   psql -v ON_ERROR_STOP=1 -d "$DB" -f sql/install.sql
 --
--- Applies each migration in sql/migrations/ that dispatch.migrations does not list yet, then
--- registers the pg_cron job where pg_cron lives in this database (else says what to do).
+-- One transaction: the migrations in sql/migrations/ that dispatch.migrations does not list yet
+-- (tables, types, indexes, data; each applied once), then every file in sql/code/ (functions,
+-- triggers, views, grants; re-applied in full, so each has exactly one definition). Then it
+-- registers the pg_cron jobs where pg_cron lives in this database, or says what to do.
 \set ON_ERROR_STOP 1
 \set QUIET 1
 SET client_min_messages = warning;
 
+BEGIN;
+-- One install at a time: a second one waits here, then finds the migrations applied.
+SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install')) AS locked \gset
 \ir bootstrap.sql
-
 \set version 1
 \set name 0001_cron_engine
 \ir apply_migration.psql
@@ -40,6 +44,24 @@ SET client_min_messages = warning;
 \set version 10
 \set name 0010_next_due_after
 \ir apply_migration.psql
+\set version 11
+\set name 0011_invariants
+\ir apply_migration.psql
+\ir code/10_cron_engine.sql
+\ir code/20_timezones.sql
+\ir code/30_schedules.sql
+\ir code/40_finish.sql
+\ir code/41_tick.sql
+\ir code/42_claim.sql
+\ir code/43_complete.sql
+\ir code/44_release.sql
+\ir code/45_next_due.sql
+\ir code/50_retention.sql
+\ir code/60_pg_cron.sql
+\ir code/70_views.sql
+\ir code/80_operator.sql
+\ir code/90_grants.sql
+COMMIT;
 
 SELECT dispatch.register_cron_job() AS cron_status \gset
 \echo :cron_status

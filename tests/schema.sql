@@ -55,6 +55,181 @@ CREATE TYPE dispatch.cron_spec AS (
 COMMENT ON TYPE dispatch.cron_spec IS 'A parsed cron expression (dispatch.cron_parse). Stored on each schedule so that evaluation never re-parses.';
 
 
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: runs; Type: TABLE; Schema: dispatch; Owner: -
+--
+
+CREATE TABLE dispatch.runs (
+    id bigint NOT NULL,
+    schedule_id uuid NOT NULL,
+    scheduled_for timestamp with time zone NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    request_id text DEFAULT ('sched_'::text || gen_random_uuid()) NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    worker text,
+    claimed_at timestamp with time zone,
+    lease_until timestamp with time zone,
+    finished_at timestamp with time zone,
+    error text,
+    http_status integer,
+    duration_ms integer,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
+    CONSTRAINT runs_error_length_check CHECK ((length(error) <= 500)),
+    CONSTRAINT runs_finished_at_check CHECK (((status = ANY (ARRAY['pending'::text, 'running'::text])) = (finished_at IS NULL))),
+    CONSTRAINT runs_running_has_lease_check CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_until > claimed_at)))),
+    CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'ok'::text, 'error'::text, 'skipped'::text, 'lost'::text])))
+)
+WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
+
+
+--
+-- Name: TABLE runs; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.runs IS 'One row per fired slot of a schedule.';
+
+
+--
+-- Name: COLUMN runs.scheduled_for; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.scheduled_for IS 'The slot: the schedule''s next_run_at when dispatch.tick marked it.';
+
+
+--
+-- Name: COLUMN runs.status; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.status IS 'pending: marked by dispatch.tick, or handed back (release_runs, expired lease). running: claimed by dispatch.claim_runs (attempt incremented). ok/error: recorded by dispatch.complete_runs for the attempt that holds the run. skipped: never invoked: its schedule stopped before a first claim, or a back-off period of an expression that cannot be evaluated. lost: outcome unknown: its lease expired on the last attempt or after its schedule stopped, or it was handed back after an attempt that may have run.';
+
+
+--
+-- Name: COLUMN runs.request_id; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.request_id IS 'sched_<uuid>, sent as X-Request-Id and Idempotency-Key; stable across the attempts of this run.';
+
+
+--
+-- Name: COLUMN runs.attempt; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.attempt IS 'Claims so far; dispatch.claim_runs increments it and returns it as the fencing token that complete_runs and release_runs must present. release_runs gives one back.';
+
+
+--
+-- Name: COLUMN runs.worker; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.worker IS 'Listener that holds (or last held) the run. Informational: the fence is the attempt.';
+
+
+--
+-- Name: COLUMN runs.lease_until; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.lease_until IS 'A running run whose lease passes is retried or lost by dispatch.tick.';
+
+
+--
+-- Name: COLUMN runs.error; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.error IS 'Why the run failed, was skipped or lost; at most 500 characters.';
+
+
+--
+-- Name: _advance_schedules(dispatch.runs[], boolean); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._advance_schedules(finished dispatch.runs[], guarded boolean) RETURNS TABLE(run_id bigint, advanced boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    -- the statement's clock: a transaction that began before the slot must not land on it
+    clock constant timestamptz := clock_timestamp();
+BEGIN
+    RETURN QUERY
+    WITH done AS (
+        SELECT * FROM unnest(_advance_schedules.finished)
+    ), latest AS MATERIALIZED (
+        -- per schedule, the latest slot of this batch: what last_* report, what next_run_at
+        -- must move past
+        SELECT DISTINCT ON (d.schedule_id)
+               d.schedule_id, d.scheduled_for, d.status, d.error, coalesce(d.claimed_at, d.finished_at) AS ran_at
+        FROM done d
+        ORDER BY d.schedule_id, d.scheduled_for DESC
+    ), sched AS MATERIALIZED (
+        -- behind: next_run_at is on (or, after a slot marked ahead of the clock, before) a
+        -- finished slot, so it moves; an edit mid-flight that put it later wins. NULL for a
+        -- stopped schedule, which has no next slot.
+        SELECT s.id, s.cron_expression, s.cron_spec, s.timezone,
+               greatest(s.last_slot, l.scheduled_for) AS last_slot,
+               s.next_run_at <= greatest(s.last_slot, l.scheduled_for) AS behind,
+               greatest(s.last_slot, l.scheduled_for, clock) AS after
+        FROM dispatch.schedules s
+        JOIN latest l ON l.schedule_id = s.id
+    ), slots AS MATERIALIZED (
+        -- runs finishing together mostly share expression, zone and start: compute each once
+        -- (MATERIALIZED, or PostgreSQL would inline the call back into every row)
+        SELECT u.cron_spec, u.timezone, u.after,
+               CASE WHEN _advance_schedules.guarded
+                    THEN dispatch._next_slot(u.cron_spec, u.after, u.timezone)
+                    ELSE dispatch.cron_spec_next(u.cron_spec, u.after, u.timezone)
+               END AS next_at
+        FROM (SELECT DISTINCT x.cron_spec, x.timezone, x.after FROM sched x WHERE x.behind) u
+    ), moved AS (
+        UPDATE dispatch.schedules s
+        SET next_run_at = CASE WHEN x.behind THEN coalesce(n.next_at, clock + interval '1 hour')
+                               ELSE s.next_run_at END,
+            backoff_reason = CASE WHEN x.behind IS NOT TRUE THEN s.backoff_reason
+                                  WHEN n.next_at IS NULL
+                                  THEN format('cannot compute the next slot of "%s" in time zone %s (see the server log); trying again every hour',
+                                              x.cron_expression, x.timezone)
+                             END,
+            last_slot = x.last_slot,
+            last_run_at = l.ran_at,
+            last_status = l.status,
+            last_error = l.error
+        FROM sched x
+        JOIN latest l ON l.schedule_id = x.id
+        LEFT JOIN slots n ON x.behind AND n.cron_spec = x.cron_spec AND n.timezone = x.timezone AND n.after = x.after
+        WHERE s.id = x.id
+    )
+    SELECT d.id, coalesce(x.behind, false) FROM done d JOIN sched x ON x.id = d.schedule_id;
+END
+$$;
+
+
+--
+-- Name: _audit_runs(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._audit_runs(finished dispatch.runs[]) RETURNS void
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+    SELECT NULL, s.project_id, 'schedule.run.' || f.status,
+           jsonb_strip_nulls(jsonb_build_object(
+               'scheduleId', f.schedule_id,
+               'requestId', f.request_id,
+               'functionName', s.function_name,
+               'runId', f.id,
+               'scheduledFor', f.scheduled_for,
+               'attempt', f.attempt,
+               'error', f.error))
+    FROM unnest(_audit_runs.finished) f
+    JOIN dispatch.schedules s ON s.id = f.schedule_id
+$$;
+
+
 --
 -- Name: _cron_days(dispatch.cron_spec, integer, integer, integer); Type: FUNCTION; Schema: dispatch; Owner: -
 --
@@ -224,162 +399,132 @@ END
 $_$;
 
 
-SET default_tablespace = '';
-
-SET default_table_access_method = heap;
-
 --
--- Name: runs; Type: TABLE; Schema: dispatch; Owner: -
+-- Name: _end_stale_runs(bigint[], boolean); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE TABLE dispatch.runs (
-    id bigint NOT NULL,
-    schedule_id uuid NOT NULL,
-    scheduled_for timestamp with time zone NOT NULL,
-    status text DEFAULT 'pending'::text NOT NULL,
-    request_id text DEFAULT ('sched_'::text || gen_random_uuid()) NOT NULL,
-    attempt integer DEFAULT 0 NOT NULL,
-    worker text,
-    claimed_at timestamp with time zone,
-    lease_until timestamp with time zone,
-    finished_at timestamp with time zone,
-    error text,
-    http_status integer,
-    duration_ms integer,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
-    CONSTRAINT runs_error_length_check CHECK ((length(error) <= 500)),
-    CONSTRAINT runs_finished_at_check CHECK (((status = ANY (ARRAY['pending'::text, 'running'::text])) = (finished_at IS NULL))),
-    CONSTRAINT runs_running_has_lease_check CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_until > claimed_at)))),
-    CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'ok'::text, 'error'::text, 'skipped'::text, 'lost'::text])))
-)
-WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
+CREATE FUNCTION dispatch._end_stale_runs(run_ids bigint[], wait boolean) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    ids bigint[];
+    ended dispatch.runs[];
+BEGIN
+    IF wait THEN
+        SELECT array_agg(l.id) INTO ids
+        FROM (SELECT r.id
+              FROM dispatch.runs r
+              JOIN dispatch.schedules s ON s.id = r.schedule_id
+              WHERE r.id = ANY (_end_stale_runs.run_ids) AND r.status = 'pending'
+                AND NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+              FOR UPDATE OF r) l;
+    ELSE
+        SELECT array_agg(l.id) INTO ids
+        FROM (SELECT r.id
+              FROM dispatch.runs r
+              JOIN dispatch.schedules s ON s.id = r.schedule_id
+              WHERE r.id = ANY (_end_stale_runs.run_ids) AND r.status = 'pending'
+                AND NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+              FOR UPDATE OF r SKIP LOCKED
+              FOR NO KEY UPDATE OF s SKIP LOCKED) l;
+    END IF;
+    IF ids IS NULL THEN
+        RETURN 0;
+    END IF;
 
-
---
--- Name: TABLE runs; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON TABLE dispatch.runs IS 'One row per fired slot of a schedule.';
-
-
---
--- Name: COLUMN runs.scheduled_for; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.runs.scheduled_for IS 'The slot: the schedule''s next_run_at when dispatch.tick marked it.';
-
-
---
--- Name: COLUMN runs.status; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.runs.status IS 'pending: marked by dispatch.tick, or handed back (release_runs, expired lease). running: claimed by dispatch.claim_runs. ok/error: recorded by dispatch.complete_run. skipped: its schedule was disabled or deleted before it was invoked. lost: its lease expired on the last attempt.';
-
-
---
--- Name: COLUMN runs.request_id; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.runs.request_id IS 'sched_<uuid>, sent as X-Request-Id and Idempotency-Key; stable across the attempts of this run.';
+    WITH stale AS (
+        UPDATE dispatch.runs r
+        SET status = CASE WHEN r.attempt > 0 THEN 'lost' ELSE 'skipped' END,
+            finished_at = now(),
+            error = format('schedule %s before the run was %s',
+                           CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
+                                WHEN s.paused_at IS NOT NULL THEN 'paused'
+                                ELSE 'disabled' END,
+                           CASE WHEN r.attempt > 0 THEN 'retried (an earlier attempt may have run)'
+                                ELSE 'claimed' END)
+        FROM dispatch.schedules s
+        WHERE r.id = ANY (ids) AND s.id = r.schedule_id
+        RETURNING r
+    )
+    SELECT array_agg(k.r) INTO ended FROM stale k;
+    PERFORM dispatch._finish_runs(ended);
+    RETURN cardinality(ended);
+END
+$$;
 
 
 --
--- Name: COLUMN runs.attempt; Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: _expire_leases(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-COMMENT ON COLUMN dispatch.runs.attempt IS 'Claims so far; a claim increments it, release_runs gives one back.';
+CREATE FUNCTION dispatch._expire_leases() RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    clock constant timestamptz := clock_timestamp();
+    ids bigint[];
+    requeued integer;
+    ended dispatch.runs[];
+BEGIN
+    -- Leases expire by the database's real clock, whatever horizon tick() was given.
+    SELECT array_agg(l.id) INTO ids
+    FROM (SELECT r.id
+          FROM dispatch.runs r
+          JOIN dispatch.schedules s ON s.id = r.schedule_id
+          WHERE r.status = 'running' AND r.lease_until < clock
+          FOR UPDATE OF r SKIP LOCKED
+          FOR NO KEY UPDATE OF s SKIP LOCKED) l;
+    IF ids IS NULL THEN
+        RETURN 0;
+    END IF;
+
+    -- Attempts left and the schedule live: retry under the same request id.
+    UPDATE dispatch.runs r
+    SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
+        error = left(format('lease of %s expired on attempt %s', r.worker, r.attempt), 500)
+    FROM dispatch.schedules s
+    WHERE r.id = ANY (ids) AND s.id = r.schedule_id
+      AND r.attempt < s.max_attempts AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL;
+    GET DIAGNOSTICS requeued = ROW_COUNT;
+
+    -- Otherwise lost: the attempt may have been invoked, so never skipped.
+    WITH lost AS (
+        UPDATE dispatch.runs r
+        SET status = 'lost', finished_at = clock,
+            error = left(CASE WHEN s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL
+                              THEN format('lease of %s expired on attempt %s of %s', r.worker, r.attempt, s.max_attempts)
+                              ELSE format('lease of %s expired on attempt %s after the schedule was %s: it may have run',
+                                          r.worker, r.attempt,
+                                          CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
+                                               WHEN s.paused_at IS NOT NULL THEN 'paused'
+                                               ELSE 'disabled' END)
+                         END, 500)
+        FROM dispatch.schedules s
+        WHERE r.id = ANY (ids) AND s.id = r.schedule_id AND r.status = 'running'
+        RETURNING r
+    )
+    SELECT array_agg(l.r) INTO ended FROM lost l;
+    IF ended IS NOT NULL THEN
+        PERFORM dispatch._finish_runs(ended);
+    END IF;
+    RETURN requeued;
+END
+$$;
 
 
 --
--- Name: COLUMN runs.worker; Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: _finish_runs(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-COMMENT ON COLUMN dispatch.runs.worker IS 'Listener that holds (or last held) the run; only it may complete the run.';
-
-
---
--- Name: COLUMN runs.lease_until; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.runs.lease_until IS 'A running run whose lease passes is retried or lost by dispatch.tick.';
-
-
---
--- Name: COLUMN runs.error; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.runs.error IS 'Why the run failed, was skipped or lost; at most 500 characters.';
-
-
---
--- Name: _finish_batch(dispatch.runs[], boolean); Type: FUNCTION; Schema: dispatch; Owner: -
---
-
-CREATE FUNCTION dispatch._finish_batch(finished dispatch.runs[], guarded boolean) RETURNS TABLE(run_id bigint, advanced boolean)
+CREATE FUNCTION dispatch._finish_runs(finished dispatch.runs[]) RETURNS TABLE(run_id bigint, advanced boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
-    RETURN QUERY
-    WITH done AS (
-        SELECT * FROM unnest(_finish_batch.finished)
-    ), locked AS MATERIALIZED (
-        -- lock the schedules in id order (no deadlock with another batch or a bulk edit)
-        SELECT s.id, s.project_id, s.function_name, s.next_run_at, s.cron_spec, s.timezone
-        FROM dispatch.schedules s
-        WHERE s.id IN (SELECT d.schedule_id FROM done d)
-        ORDER BY s.id
-        FOR NO KEY UPDATE
-    ), waiting AS MATERIALIZED (
-        -- a schedule still waiting on its run's slot (a user edit mid-flight wins) advances to
-        -- the first slot after max(slot, now)
-        SELECT d.schedule_id, l.cron_spec, l.timezone, greatest(d.scheduled_for, now()) AS after
-        FROM done d
-        JOIN locked l ON l.id = d.schedule_id
-        WHERE l.next_run_at = d.scheduled_for
-    ), slots AS MATERIALIZED (
-        -- runs finishing together mostly share their expression, zone and start: compute each
-        -- once (MATERIALIZED, or PostgreSQL would inline the call back into every row)
-        SELECT u.cron_spec, u.timezone, u.after,
-               CASE WHEN _finish_batch.guarded
-                    THEN dispatch._next_slot(u.cron_spec, u.after, u.timezone)
-                    ELSE dispatch.cron_spec_next(u.cron_spec, u.after, u.timezone)
-               END AS next_at
-        FROM (SELECT DISTINCT w.cron_spec, w.timezone, w.after FROM waiting w) u
-    ), nexts AS MATERIALIZED (
-        SELECT d.id, d.schedule_id, d.status, d.error, d.request_id, d.scheduled_for, d.attempt,
-               coalesce(d.claimed_at, d.finished_at) AS ran_at, l.project_id, l.function_name,
-               w.schedule_id IS NOT NULL AS waiting, s.next_at
-        FROM done d
-        JOIN locked l ON l.id = d.schedule_id
-        LEFT JOIN waiting w ON w.schedule_id = d.schedule_id
-        LEFT JOIN slots s ON s.cron_spec = w.cron_spec AND s.timezone = w.timezone AND s.after = w.after
-    ), advance AS (
-        UPDATE dispatch.schedules s
-        SET next_run_at = CASE WHEN n.waiting THEN coalesce(n.next_at, now() + interval '1 hour')
-                               ELSE s.next_run_at END,
-            last_run_at = n.ran_at,
-            last_status = n.status,
-            last_error = CASE WHEN n.waiting AND n.next_at IS NULL
-                              THEN 'cannot compute the next slot (see the server log), retrying in 1 hour'
-                              ELSE n.error END
-        FROM nexts n
-        WHERE s.id = n.schedule_id
-    ), audit AS (
-        INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
-        SELECT NULL, n.project_id, 'schedule.run.' || n.status,
-               jsonb_strip_nulls(jsonb_build_object(
-                   'scheduleId', n.schedule_id,
-                   'requestId', n.request_id,
-                   'functionName', n.function_name,
-                   'runId', n.id,
-                   'scheduledFor', n.scheduled_for,
-                   'attempt', n.attempt,
-                   'error', n.error))
-        FROM nexts n
-    )
-    SELECT n.id, n.waiting FROM nexts n;
+    PERFORM dispatch._audit_runs(_finish_runs.finished);
+    RETURN QUERY SELECT * FROM dispatch._settle_runs(_finish_runs.finished);
 END
 $$;
 
@@ -418,71 +563,243 @@ $$;
 
 
 --
--- Name: _prune_audit(); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: schedules; Type: TABLE; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._prune_audit() RETURNS bigint
-    LANGUAGE plpgsql SECURITY DEFINER
+CREATE TABLE dispatch.schedules (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    project_id text NOT NULL,
+    function_name text NOT NULL,
+    cron_expression text NOT NULL,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    args jsonb DEFAULT '{}'::jsonb NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    deleted_at timestamp with time zone,
+    next_run_at timestamp with time zone,
+    last_run_at timestamp with time zone,
+    last_status text,
+    last_error text,
+    max_attempts integer DEFAULT 3 NOT NULL,
+    cron_spec dispatch.cron_spec NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    paused_at timestamp with time zone,
+    paused_by text,
+    paused_reason text,
+    last_slot timestamp with time zone,
+    backoff_reason text,
+    CONSTRAINT schedules_args_check CHECK ((jsonb_typeof(args) = 'object'::text)),
+    CONSTRAINT schedules_backoff_check CHECK (((backoff_reason IS NULL) OR (next_run_at IS NOT NULL))),
+    CONSTRAINT schedules_last_status_check CHECK ((last_status = ANY (ARRAY['ok'::text, 'error'::text, 'skipped'::text, 'lost'::text]))),
+    CONSTRAINT schedules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 10))),
+    CONSTRAINT schedules_next_run_at_after_last_slot_check CHECK ((next_run_at > last_slot)),
+    CONSTRAINT schedules_next_run_at_live_check CHECK (((next_run_at IS NOT NULL) = (enabled AND (deleted_at IS NULL) AND (paused_at IS NULL)))),
+    CONSTRAINT schedules_paused_check CHECK (((paused_at IS NOT NULL) OR ((paused_by IS NULL) AND (paused_reason IS NULL)))),
+    CONSTRAINT schedules_paused_reason_length_check CHECK ((length(paused_reason) <= 500)),
+    CONSTRAINT schedules_project_id_check CHECK (((project_id ~ '^[^[:space:][:cntrl:]/]{1,200}$'::text) AND (project_id !~ '^[.]{1,2}$'::text)))
+)
+WITH (fillfactor='80');
+
+
+--
+-- Name: TABLE schedules; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.schedules IS 'One row per schedule. INSERT/UPDATE from any client validates cron_expression, timezone and function_name and computes next_run_at.';
+
+
+--
+-- Name: COLUMN schedules.project_id; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.project_id IS 'Tenant: 1-200 characters, no whitespace, control characters or /, not . or .. (it is one segment of the invoke URL).';
+
+
+--
+-- Name: COLUMN schedules.function_name; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.function_name IS 'Function to call: a letter or digit, then letters, digits, _ . - (at most 128); percent-encoded into the invoke URL.';
+
+
+--
+-- Name: COLUMN schedules.timezone; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.timezone IS 'IANA zone name (pg_timezone_names) the expression is read in.';
+
+
+--
+-- Name: COLUMN schedules.args; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.args IS 'JSON object passed as "args" in the request body; at most 4 MiB of JSON text and 64 levels deep.';
+
+
+--
+-- Name: COLUMN schedules.deleted_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.deleted_at IS 'Soft delete: set it to stop the schedule and keep its history.';
+
+
+--
+-- Name: COLUMN schedules.next_run_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.next_run_at IS 'Next slot to fire; NULL exactly when the schedule is stopped (disabled, paused or deleted). Stays on a slot while its run is open; finishing the run advances it past the slot. Written only by the system.';
+
+
+--
+-- Name: COLUMN schedules.last_status; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.last_status IS 'Status of the latest finished run: ok, error, skipped or lost.';
+
+
+--
+-- Name: COLUMN schedules.max_attempts; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.max_attempts IS 'Claims a run may take before an expired lease makes it lost.';
+
+
+--
+-- Name: COLUMN schedules.cron_spec; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.cron_spec IS 'cron_expression parsed by the write trigger (dispatch.cron_parse).';
+
+
+--
+-- Name: COLUMN schedules.updated_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.updated_at IS 'Last change to the definition (not to next_run_at or last_*).';
+
+
+--
+-- Name: COLUMN schedules.paused_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.paused_at IS 'Set by dispatch.pause(): the schedule keeps its definition and has no next_run_at until dispatch.resume().';
+
+
+--
+-- Name: COLUMN schedules.paused_by; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.paused_by IS 'The login (session_user) that paused it.';
+
+
+--
+-- Name: COLUMN schedules.paused_reason; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.paused_reason IS 'Why it was paused, as given to dispatch.pause(); at most 500 characters.';
+
+
+--
+-- Name: COLUMN schedules.last_slot; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.last_slot IS 'The latest slot whose run has finished (ok, error, skipped or lost). next_run_at is always later (invariant 2).';
+
+
+--
+-- Name: COLUMN schedules.backoff_reason; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.backoff_reason IS 'Set while the next slot cannot be computed (its zone is gone from the tz database): next_run_at is then a back-off instant, one hour on, at which dispatch.tick records a skipped run and tries again. Never invoked at such an instant (invariant 6).';
+
+
+--
+-- Name: _operable_schedule(uuid, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._operable_schedule(schedule_id uuid, verb text) RETURNS dispatch.schedules
+    LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    n bigint;
+    s dispatch.schedules;
 BEGIN
-    DELETE FROM dispatch.audit_log
-    WHERE id IN (SELECT a.id FROM dispatch.audit_log a, dispatch.settings cfg
-                 WHERE a.at < now() - cfg.audit_retention
-                 LIMIT (SELECT prune_batch_size FROM dispatch.settings));
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
+    SELECT * INTO s FROM dispatch.schedules WHERE id = _operable_schedule.schedule_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'cannot %: schedule % does not exist', verb, schedule_id
+            USING ERRCODE = 'no_data_found';
+    END IF;
+    IF s.deleted_at IS NOT NULL THEN
+        RAISE EXCEPTION 'cannot %: schedule % was deleted at %', verb, schedule_id, s.deleted_at
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    RETURN s;
 END
 $$;
 
 
 --
--- Name: _prune_runs(); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _prune_audit(bigint, bigint); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._prune_runs() RETURNS bigint
+CREATE FUNCTION dispatch._prune_audit(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    n bigint;
+    cutoff constant timestamptz := now() - (SELECT audit_retention FROM dispatch.settings);
 BEGIN
-    -- finished_at >= created_at, so the BRIN bound only narrows the scan
-    DELETE FROM dispatch.runs
-    WHERE id IN (SELECT r.id FROM dispatch.runs r, dispatch.settings cfg
-                 WHERE r.created_at < now() - cfg.runs_retention
-                   AND r.finished_at < now() - cfg.runs_retention
-                 LIMIT (SELECT prune_batch_size FROM dispatch.settings));
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
+    IF up_to IS NULL THEN
+        up_to := (SELECT max(a.id) FROM dispatch.audit_log a WHERE a.at < cutoff);
+    END IF;
+    WITH page AS MATERIALIZED (
+        SELECT a.id, a.at
+        FROM dispatch.audit_log a
+        WHERE a.id > _prune_audit.after_id AND a.id <= up_to
+        ORDER BY a.id
+        LIMIT (SELECT prune_batch_size FROM dispatch.settings)
+    ), gone AS (
+        DELETE FROM dispatch.audit_log a USING page p
+        WHERE a.id = p.id AND p.at < cutoff
+        RETURNING 1
+    )
+    SELECT max(p.id), (SELECT count(*) FROM gone) INTO last_id, deleted FROM page p;
+    IF last_id >= up_to THEN
+        last_id := NULL;
+    END IF;
 END
 $$;
 
 
 --
--- Name: _runs_finished(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _prune_runs(bigint, bigint); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._runs_finished(finished dispatch.runs[]) RETURNS TABLE(run_id bigint, advanced boolean)
+CREATE FUNCTION dispatch._prune_runs(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    ids bigint[];
-    advances boolean[];
+    cutoff constant timestamptz := now() - (SELECT runs_retention FROM dispatch.settings);
 BEGIN
-    -- Collected into arrays inside the block, returned after it: rows a failed attempt had
-    -- already returned would otherwise stay in the result.
-    BEGIN
-        SELECT array_agg(f.run_id), array_agg(f.advanced) INTO ids, advances
-        FROM dispatch._finish_batch(_runs_finished.finished, false) f;
-    EXCEPTION WHEN OTHERS THEN
-        SELECT array_agg(f.run_id), array_agg(f.advanced) INTO ids, advances
-        FROM dispatch._finish_batch(_runs_finished.finished, true) f;
-    END;
-    RETURN QUERY SELECT * FROM unnest(ids, advances);
+    IF up_to IS NULL THEN
+        up_to := (SELECT max(r.id) FROM dispatch.runs r WHERE r.created_at < cutoff);
+    END IF;
+    WITH page AS MATERIALIZED (
+        SELECT r.id, r.created_at, r.finished_at
+        FROM dispatch.runs r
+        WHERE r.id > _prune_runs.after_id AND r.id <= up_to
+        ORDER BY r.id
+        LIMIT (SELECT prune_batch_size FROM dispatch.settings)
+    ), gone AS (
+        DELETE FROM dispatch.runs r USING page p
+        WHERE r.id = p.id AND p.created_at < cutoff AND p.finished_at < cutoff
+        RETURNING 1
+    )
+    SELECT max(p.id), (SELECT count(*) FROM gone) INTO last_id, deleted FROM page p;
+    IF last_id >= up_to THEN
+        last_id := NULL;
+    END IF;
 END
 $$;
 
@@ -503,12 +820,17 @@ BEGIN
         action := 'schedule.create';
     ELSIF NEW.deleted_at IS NOT NULL AND OLD.deleted_at IS NULL THEN
         action := 'schedule.delete';
+    ELSIF NEW.paused_at IS NOT NULL AND OLD.paused_at IS NULL THEN
+        action := 'schedule.pause';
+    ELSIF NEW.paused_at IS NULL AND OLD.paused_at IS NOT NULL THEN
+        action := 'schedule.resume';
     ELSE
         action := 'schedule.update';
         SELECT jsonb_object_agg(n.key, n.value) INTO changed
         FROM jsonb_each(to_jsonb(NEW)) n
         JOIN jsonb_each(to_jsonb(OLD)) o USING (key)
-        WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled', 'deleted_at')
+        WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled',
+                        'deleted_at', 'max_attempts')
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -518,6 +840,7 @@ BEGIN
                 'functionName', NEW.function_name,
                 'cronExpression', NEW.cron_expression,
                 'timezone', NEW.timezone,
+                'reason', CASE WHEN action = 'schedule.pause' THEN NEW.paused_reason END,
                 'changed', changed)));
     RETURN NULL;
 END
@@ -532,6 +855,8 @@ CREATE FUNCTION dispatch._schedule_before_write() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
+DECLARE
+    live boolean;
 BEGIN
     IF NEW.function_name IS NULL OR NEW.function_name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$' THEN
         RAISE EXCEPTION USING
@@ -553,19 +878,34 @@ BEGIN
                       HINT = 'Pass a reference (a key, a URL) that the function fetches instead.';
         END IF;
     END IF;
-    NEW.cron_spec := dispatch.cron_parse(NEW.cron_expression);
-    IF NEW.cron_spec IS NULL THEN
-        RAISE EXCEPTION 'cron_expression must not be null' USING ERRCODE = 'invalid_parameter_value';
+    -- cron_spec is derived: whatever a statement wrote there, it is the parsed expression. An
+    -- unchanged expression and zone are not validated again, so that a schedule whose zone was
+    -- dropped from the tz database can still be edited, disabled or deleted.
+    IF TG_OP = 'INSERT' OR NEW.cron_expression IS DISTINCT FROM OLD.cron_expression
+       OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec THEN
+        NEW.cron_spec := dispatch.cron_parse(NEW.cron_expression);
+        IF NEW.cron_spec IS NULL THEN
+            RAISE EXCEPTION 'cron_expression must not be null' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
     END IF;
-    PERFORM dispatch.check_timezone(NEW.timezone);
+    IF TG_OP = 'INSERT' OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
+        PERFORM dispatch.check_timezone(NEW.timezone);
+    END IF;
 
-    IF NOT NEW.enabled OR NEW.deleted_at IS NOT NULL THEN
+    live := NEW.enabled AND NEW.deleted_at IS NULL AND NEW.paused_at IS NULL;
+    IF NOT live THEN
         NEW.next_run_at := NULL;
+        NEW.backoff_reason := NULL;
     ELSIF TG_OP = 'INSERT'
-          OR NOT OLD.enabled OR OLD.deleted_at IS NOT NULL
+          OR NOT (OLD.enabled AND OLD.deleted_at IS NULL AND OLD.paused_at IS NULL)
           OR NEW.cron_expression IS DISTINCT FROM OLD.cron_expression
           OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
-        NEW.next_run_at := dispatch.cron_spec_next(NEW.cron_spec, now(), NEW.timezone);
+        -- The statement's clock, not the transaction's: a transaction that began before a slot
+        -- ran must not put the schedule back onto it. And never on or before the last slot
+        -- that finished, whatever the clock says (a slot marked ahead of time by tick(horizon)).
+        NEW.next_run_at := dispatch.cron_spec_next(NEW.cron_spec, greatest(clock_timestamp(), NEW.last_slot),
+                                                   dispatch.check_timezone(NEW.timezone));
+        NEW.backoff_reason := NULL;
     END IF;
     IF TG_OP = 'UPDATE' THEN
         NEW.updated_at := now();
@@ -573,6 +913,25 @@ BEGIN
     RETURN NEW;
 END
 $_$;
+
+
+--
+-- Name: _schedule_end_pending(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._schedule_end_pending() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    -- Waits for a claim in progress on one of them: a run claimed before this change commits
+    -- stays claimed (and is invoked); every other pending run ends here.
+    PERFORM dispatch._end_stale_runs(
+        ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.schedule_id = NEW.id AND r.status = 'pending'),
+        wait => true);
+    RETURN NULL;
+END
+$$;
 
 
 --
@@ -591,29 +950,45 @@ $$;
 
 
 --
--- Name: _schedule_skip_pending(); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _schedule_soft_delete(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._schedule_skip_pending() RETURNS trigger
+CREATE FUNCTION dispatch._schedule_soft_delete() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    UPDATE dispatch.schedules SET deleted_at = now() WHERE id = OLD.id AND deleted_at IS NULL;
+    IF FOUND THEN
+        RAISE NOTICE 'schedule % was soft-deleted (deleted_at set) instead: its runs and audit trail are kept', OLD.id;
+    END IF;
+    RETURN NULL;  -- the row stays
+END
+$$;
+
+
+--
+-- Name: _settle_runs(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._settle_runs(finished dispatch.runs[]) RETURNS TABLE(run_id bigint, advanced boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    finished dispatch.runs[];
+    ids bigint[];
+    advances boolean[];
 BEGIN
-    WITH skipped AS (
-        UPDATE dispatch.runs x
-        SET status = 'skipped', finished_at = now(),
-            error = CASE WHEN NEW.deleted_at IS NOT NULL THEN 'schedule deleted before the run was claimed'
-                         ELSE 'schedule disabled before the run was claimed' END
-        WHERE x.schedule_id = NEW.id AND x.status = 'pending'
-        RETURNING x
-    )
-    SELECT array_agg(k.x) INTO finished FROM skipped k;
-    IF finished IS NOT NULL THEN
-        PERFORM dispatch._runs_finished(finished);
-    END IF;
-    RETURN NULL;
+    -- Collected into arrays inside the block, returned after it: rows a failed attempt had
+    -- already returned would otherwise stay in the result.
+    BEGIN
+        SELECT array_agg(a.run_id), array_agg(a.advanced) INTO ids, advances
+        FROM dispatch._advance_schedules(_settle_runs.finished, false) a;
+    EXCEPTION WHEN OTHERS THEN
+        SELECT array_agg(a.run_id), array_agg(a.advanced) INTO ids, advances
+        FROM dispatch._advance_schedules(_settle_runs.finished, true) a;
+    END;
+    RETURN QUERY SELECT * FROM unnest(ids, advances);
 END
 $$;
 
@@ -701,24 +1076,41 @@ CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interva
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 #variable_conflict use_column
+DECLARE
+    live_ids bigint[];
+    stale_ids bigint[];
 BEGIN
+    -- Oldest slot first; a run another transaction holds is skipped, so concurrent claims never
+    -- get the same run and never wait. A run whose schedule stopped is not handed out: the
+    -- transaction that stopped it ended every run it could see, and this ends the ones that
+    -- became pending behind its back (a release or a lease expiry racing it).
+    SELECT array_agg(p.id) FILTER (WHERE p.live), array_agg(p.id) FILTER (WHERE NOT p.live)
+    INTO live_ids, stale_ids
+    FROM (SELECT r.id, s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL AS live
+          FROM dispatch.runs r
+          JOIN dispatch.schedules s ON s.id = r.schedule_id
+          WHERE r.status = 'pending'
+          ORDER BY r.scheduled_for, r.id
+          LIMIT claim_runs.max_runs
+          FOR UPDATE OF r SKIP LOCKED) p;
+    IF stale_ids IS NOT NULL THEN
+        PERFORM dispatch._end_stale_runs(stale_ids, wait => false);
+        -- fewer runs than asked for although more may be pending: have the claimers come back
+        PERFORM pg_notify('dispatch', 'ended');
+    END IF;
+    IF live_ids IS NULL THEN
+        RETURN;
+    END IF;
+
     RETURN QUERY
-    WITH picked AS (
-        SELECT r.id
-        FROM dispatch.runs r
-        WHERE r.status = 'pending'
-        ORDER BY r.scheduled_for, r.id
-        LIMIT claim_runs.max_runs
-        FOR UPDATE SKIP LOCKED
-    )
     UPDATE dispatch.runs r
     SET status = 'running',
         worker = claim_runs.worker,
         claimed_at = now(),
         lease_until = now() + claim_runs.lease,
         attempt = r.attempt + 1
-    FROM picked, dispatch.schedules s
-    WHERE r.id = picked.id AND s.id = r.schedule_id
+    FROM dispatch.schedules s
+    WHERE r.id = ANY (live_ids) AND s.id = r.schedule_id
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
               r.request_id, r.scheduled_for, r.attempt, r.lease_until;
 END
@@ -729,14 +1121,14 @@ $$;
 -- Name: FUNCTION claim_runs(worker text, max_runs integer, lease interval); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval) IS 'Move up to max_runs pending runs, oldest slot first, to running for worker with a lease (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run) and return what is needed to invoke them. The lease must outlast the invocation timeout.';
+COMMENT ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval) IS 'Move up to max_runs pending runs of live schedules, oldest slot first, to running for worker with a lease (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits) and return what is needed to invoke them. attempt is the fencing token to pass to complete_runs or release_runs. The lease must outlast the invocation timeout.';
 
 
 --
--- Name: complete_run(bigint, text, text, text, integer, integer, boolean, boolean); Type: PROCEDURE; Schema: dispatch; Owner: -
+-- Name: complete_run(bigint, text, integer, text, text, integer, integer, boolean, boolean, boolean); Type: PROCEDURE; Schema: dispatch; Owner: -
 --
 
-CREATE PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN status text, IN error text DEFAULT NULL::text, IN http_status integer DEFAULT NULL::integer, IN duration_ms integer DEFAULT NULL::integer, INOUT recorded boolean DEFAULT NULL::boolean, INOUT advanced boolean DEFAULT NULL::boolean)
+CREATE PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text DEFAULT NULL::text, IN http_status integer DEFAULT NULL::integer, IN duration_ms integer DEFAULT NULL::integer, INOUT recorded boolean DEFAULT NULL::boolean, INOUT advanced boolean DEFAULT NULL::boolean, INOUT busy boolean DEFAULT NULL::boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -746,37 +1138,66 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- One implementation of the transition: complete_runs, with a batch of one.
-    SELECT c.recorded, c.advanced INTO complete_run.recorded, complete_run.advanced
-    FROM dispatch.complete_runs(complete_run.worker, ARRAY[complete_run.run_id], ARRAY[complete_run.status],
-                                ARRAY[complete_run.error], ARRAY[complete_run.http_status],
-                                ARRAY[complete_run.duration_ms]) c;
+    SELECT c.recorded, c.advanced, c.busy INTO complete_run.recorded, complete_run.advanced, complete_run.busy
+    FROM dispatch.complete_runs(complete_run.worker, ARRAY[complete_run.run_id], ARRAY[complete_run.attempt],
+                                ARRAY[complete_run.status], ARRAY[complete_run.error],
+                                ARRAY[complete_run.http_status], ARRAY[complete_run.duration_ms]) c;
 END
 $$;
 
 
 --
--- Name: PROCEDURE complete_run(IN run_id bigint, IN worker text, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean); Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: PROCEDURE complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean) IS 'Record the outcome (ok or error; error cut to 500 characters) of a run that worker still holds, advance its schedule to the first slot after max(scheduled_for, now()) if next_run_at still equals scheduled_for, and write the audit row, in one transaction. Returns recorded (false when the worker no longer holds the run) and advanced.';
+COMMENT ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean) IS 'dispatch.complete_runs for one run: record the outcome of a run still running with this attempt, advance its schedule, write the audit row, in one transaction. Returns recorded, advanced and busy (another transaction holds the run or its schedule: call again).';
 
 
 --
--- Name: complete_runs(text, bigint[], text[], text[], integer[], integer[]); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: complete_runs(text, bigint[], integer[], text[], text[], integer[], integer[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) RETURNS TABLE(run_id bigint, recorded boolean, advanced boolean)
+CREATE FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) RETURNS TABLE(run_id bigint, recorded boolean, advanced boolean, busy boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    taken bigint[];
+    held bigint[];
     finished dispatch.runs[];
 BEGIN
-    IF EXISTS (SELECT 1 FROM unnest(complete_runs.statuses) s WHERE s IS NULL OR s NOT IN ('ok', 'error'))
-       OR cardinality(complete_runs.statuses) <> cardinality(complete_runs.run_ids) THEN
+    IF cardinality(complete_runs.attempts) IS DISTINCT FROM cardinality(complete_runs.run_ids)
+       OR cardinality(complete_runs.statuses) IS DISTINCT FROM cardinality(complete_runs.run_ids) THEN
+        RAISE EXCEPTION 'run_ids, attempts and statuses must have one element per run'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(complete_runs.statuses) s WHERE s IS NULL OR s NOT IN ('ok', 'error')) THEN
         RAISE EXCEPTION 'statuses must hold ok or error for each run id' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- fenced on the worker: a listener whose lease expired cannot overwrite its successor
+
+    -- The fence: a run is recorded only while it is running with the attempt the caller was
+    -- given, whatever worker names it; a late outcome from an expired lease never lands on its
+    -- successor. Its row and its schedule's are taken without waiting (invariant 3).
+    SELECT array_agg(l.id) INTO taken
+    FROM (SELECT x.id
+          FROM dispatch.runs x
+          JOIN unnest(complete_runs.run_ids, complete_runs.attempts) AS i(id, attempt)
+            ON x.id = i.id AND x.attempt = i.attempt
+          JOIN dispatch.schedules s ON s.id = x.schedule_id
+          WHERE x.status = 'running'
+          FOR UPDATE OF x SKIP LOCKED
+          FOR NO KEY UPDATE OF s SKIP LOCKED) l;
+
+    IF coalesce(cardinality(taken), 0) < cardinality(complete_runs.run_ids) THEN
+        -- Still the caller's but held by another transaction (a user's open one on the
+        -- schedule, a tick expiring the lease): busy, try again. Anything else is fenced out.
+        SELECT array_agg(x.id) INTO held
+        FROM dispatch.runs x
+        JOIN unnest(complete_runs.run_ids, complete_runs.attempts) AS i(id, attempt)
+          ON x.id = i.id AND x.attempt = i.attempt
+        WHERE x.status = 'running' AND x.id <> ALL (coalesce(taken, '{}'));
+    END IF;
+
     WITH done AS (
         UPDATE dispatch.runs x
         SET status = i.status,
@@ -787,24 +1208,25 @@ BEGIN
         FROM unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
                     complete_runs.http_statuses, complete_runs.durations_ms)
              AS i(id, status, error, http_status, duration_ms)
-        WHERE x.id = i.id AND x.status = 'running' AND x.worker = complete_runs.worker
+        WHERE x.id = i.id AND x.id = ANY (taken)
         RETURNING x
     )
     SELECT array_agg(d.x) INTO finished FROM done d;
+
     RETURN QUERY
-    SELECT i.id, f.run_id IS NOT NULL, coalesce(f.advanced, false)
+    SELECT i.id, f.run_id IS NOT NULL, coalesce(f.advanced, false), coalesce(i.id = ANY (held), false)
     FROM unnest(complete_runs.run_ids) WITH ORDINALITY AS i(id, n)
-    LEFT JOIN dispatch._runs_finished(coalesce(finished, '{}')) f ON f.run_id = i.id
+    LEFT JOIN dispatch._finish_runs(coalesce(finished, '{}')) f ON f.run_id = i.id
     ORDER BY i.n;
 END
 $$;
 
 
 --
--- Name: FUNCTION complete_runs(worker text, run_ids bigint[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]); Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: FUNCTION complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) IS 'dispatch.complete_run for many runs of one worker in one statement: record each outcome the worker still holds, advance each schedule still waiting on its slot, write the audit rows. The arrays are parallel (errors, http_statuses and durations_ms may hold NULLs). Returns run_id, recorded, advanced for each input run.';
+COMMENT ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) IS 'Record the outcomes (ok or error; errors cut to 500 characters) of runs still running with the attempt given (the fence claim_runs returned; worker is informational), advance each schedule still on its run''s slot to the first slot after max(slot, now), and write one audit row per run, in one transaction. The arrays are parallel (errors, http_statuses and durations_ms may hold NULLs). Returns, for each input run: recorded; advanced (its schedule moved on); busy (not recorded because another transaction holds the run or its schedule: call again). Never waits on a row another transaction holds.';
 
 
 --
@@ -1118,55 +1540,6 @@ COMMENT ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after times
 
 
 --
--- Name: expire_leases(); Type: FUNCTION; Schema: dispatch; Owner: -
---
-
-CREATE FUNCTION dispatch.expire_leases() RETURNS integer
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-DECLARE
-    finished dispatch.runs[];
-    requeued integer;
-BEGIN
-    -- Attempts left and the schedule still live: retry under the same request id.
-    UPDATE dispatch.runs x
-    SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
-        error = left(format('lease of %s expired on attempt %s', x.worker, x.attempt), 500)
-    FROM dispatch.schedules s
-    WHERE x.status = 'running' AND x.lease_until < now()
-      AND s.id = x.schedule_id AND x.attempt < s.max_attempts AND s.next_run_at IS NOT NULL;
-    GET DIAGNOSTICS requeued = ROW_COUNT;
-
-    WITH ended AS (
-        UPDATE dispatch.runs x
-        SET status = CASE WHEN s.next_run_at IS NULL THEN 'skipped' ELSE 'lost' END,
-            finished_at = now(),
-            error = left(CASE WHEN s.next_run_at IS NULL
-                              THEN format('lease of %s expired and the schedule is no longer enabled', x.worker)
-                              ELSE format('lease of %s expired on attempt %s of %s', x.worker, x.attempt, s.max_attempts)
-                         END, 500)
-        FROM dispatch.schedules s
-        WHERE x.status = 'running' AND x.lease_until < now() AND s.id = x.schedule_id
-        RETURNING x
-    )
-    SELECT array_agg(e.x) INTO finished FROM ended e;
-    IF finished IS NOT NULL THEN
-        PERFORM dispatch._runs_finished(finished);
-    END IF;
-    RETURN requeued;
-END
-$$;
-
-
---
--- Name: FUNCTION expire_leases(); Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON FUNCTION dispatch.expire_leases() IS 'Hand running runs whose lease passed back to pending (same request_id), or end them lost after the schedule''s max_attempts (skipped if the schedule was disabled meanwhile). Returns how many went back to pending. Called by dispatch.tick.';
-
-
---
 -- Name: next_due_after(timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -1205,6 +1578,39 @@ COMMENT ON FUNCTION dispatch.next_due_at() IS 'The earliest future next_run_at o
 
 
 --
+-- Name: pause(uuid, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.pause(schedule_id uuid, reason text DEFAULT NULL::text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    s dispatch.schedules := dispatch._operable_schedule(pause.schedule_id, 'pause');
+BEGIN
+    IF length(pause.reason) > 500 THEN
+        RAISE EXCEPTION 'reason is % characters; at most 500 are allowed', length(pause.reason)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF s.paused_at IS NOT NULL THEN
+        RAISE NOTICE 'schedule % is already paused (since % by %)', s.id, s.paused_at, s.paused_by;
+        RETURN;
+    END IF;
+    UPDATE dispatch.schedules
+    SET paused_at = now(), paused_by = session_user, paused_reason = pause.reason
+    WHERE id = s.id;
+END
+$$;
+
+
+--
+-- Name: FUNCTION pause(schedule_id uuid, reason text); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.pause(schedule_id uuid, reason text) IS 'Pause a schedule: it keeps its definition, has no next_run_at and invokes nothing until dispatch.resume(); its pending runs end skipped. Records paused_at, paused_by (session_user) and the reason; audited as schedule.pause. A schedule already paused is left as it is.';
+
+
+--
 -- Name: prune(bigint, bigint); Type: PROCEDURE; Schema: dispatch; Owner: -
 --
 
@@ -1212,19 +1618,27 @@ CREATE PROCEDURE dispatch.prune(INOUT runs_deleted bigint DEFAULT 0, INOUT audit
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    n bigint;
+    page record;
+    after_id bigint := 0;
+    up_to bigint;
 BEGIN
     LOOP
-        n := dispatch._prune_runs();
-        runs_deleted := runs_deleted OPERATOR(pg_catalog.+) n;
+        SELECT * INTO page FROM dispatch._prune_runs(after_id, up_to);
+        runs_deleted := runs_deleted OPERATOR(pg_catalog.+) page.deleted;
         COMMIT;
-        EXIT WHEN n OPERATOR(pg_catalog.=) 0;
+        EXIT WHEN page.last_id IS NULL;
+        after_id := page.last_id;
+        up_to := page.up_to;
     END LOOP;
+    after_id := 0;
+    up_to := NULL;
     LOOP
-        n := dispatch._prune_audit();
-        audit_deleted := audit_deleted OPERATOR(pg_catalog.+) n;
+        SELECT * INTO page FROM dispatch._prune_audit(after_id, up_to);
+        audit_deleted := audit_deleted OPERATOR(pg_catalog.+) page.deleted;
         COMMIT;
-        EXIT WHEN n OPERATOR(pg_catalog.=) 0;
+        EXIT WHEN page.last_id IS NULL;
+        after_id := page.last_id;
+        up_to := page.up_to;
     END LOOP;
 END
 $$;
@@ -1234,7 +1648,7 @@ $$;
 -- Name: PROCEDURE prune(INOUT runs_deleted bigint, INOUT audit_deleted bigint); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON PROCEDURE dispatch.prune(INOUT runs_deleted bigint, INOUT audit_deleted bigint) IS 'Delete finished runs and audit rows older than dispatch.settings'' retention, prune_batch_size rows per transaction; pending and running runs are kept. Run every 10 minutes by the pg_cron job dispatch-prune. Returns how many rows it deleted.';
+COMMENT ON PROCEDURE dispatch.prune(INOUT runs_deleted bigint, INOUT audit_deleted bigint) IS 'Delete finished runs and audit rows older than dispatch.settings'' retention, one page of prune_batch_size rows (in id order) per transaction; pending and running runs are kept. Run every 10 minutes by the pg_cron job dispatch-prune. Returns how many rows it deleted.';
 
 
 --
@@ -1312,22 +1726,38 @@ COMMENT ON FUNCTION dispatch.register_cron_job() IS 'Register (or update) the pg
 
 
 --
--- Name: release_runs(text, bigint[]); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: release_runs(text, bigint[], integer[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch.release_runs(worker text, run_ids bigint[]) RETURNS integer
+CREATE FUNCTION dispatch.release_runs(worker text, run_ids bigint[], attempts integer[]) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    taken bigint[];
     released integer;
 BEGIN
+    IF cardinality(release_runs.attempts) IS DISTINCT FROM cardinality(release_runs.run_ids) THEN
+        RAISE EXCEPTION 'run_ids and attempts must have one element per run'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Fenced like complete_runs: only while the run is running with the attempt given.
+    SELECT array_agg(l.id) INTO taken
+    FROM (SELECT x.id
+          FROM dispatch.runs x
+          JOIN unnest(release_runs.run_ids, release_runs.attempts) AS i(id, attempt)
+            ON x.id = i.id AND x.attempt = i.attempt
+          WHERE x.status = 'running'
+          FOR UPDATE OF x SKIP LOCKED) l;
+
     UPDATE dispatch.runs x
     SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
         attempt = x.attempt - 1
-    WHERE x.id = ANY (release_runs.run_ids) AND x.status = 'running' AND x.worker = release_runs.worker;
+    WHERE x.id = ANY (taken);
     GET DIAGNOSTICS released = ROW_COUNT;
     IF released > 0 THEN
+        -- A run whose schedule stopped meanwhile goes no further than pending.
+        PERFORM dispatch._end_stale_runs(taken, wait => false);
         PERFORM pg_notify('dispatch', 'released');
     END IF;
     RETURN released;
@@ -1336,10 +1766,39 @@ $$;
 
 
 --
--- Name: FUNCTION release_runs(worker text, run_ids bigint[]); Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: FUNCTION release_runs(worker text, run_ids bigint[], attempts integer[]); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[]) IS 'Hand runs that worker claimed but never invoked back to pending, giving back the attempt; returns how many. Used by a listener that shuts down.';
+COMMENT ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[], attempts integer[]) IS 'Hand runs that were claimed but never invoked back to pending, giving back the attempt; only runs still running with the attempt given (worker is informational). A run whose schedule has stopped ends skipped instead. Returns how many were handed back. Used by a listener that shuts down.';
+
+
+--
+-- Name: resume(uuid); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.resume(schedule_id uuid) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    s dispatch.schedules := dispatch._operable_schedule(resume.schedule_id, 'resume');
+BEGIN
+    IF s.paused_at IS NULL THEN
+        RAISE NOTICE 'schedule % is not paused', s.id;
+        RETURN;
+    END IF;
+    UPDATE dispatch.schedules
+    SET paused_at = NULL, paused_by = NULL, paused_reason = NULL
+    WHERE id = s.id;
+END
+$$;
+
+
+--
+-- Name: FUNCTION resume(schedule_id uuid); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.resume(schedule_id uuid) IS 'Resume a paused schedule from the first slot after now (the slots of the pause are not caught up); audited as schedule.resume. A schedule that is not paused is left as it is.';
 
 
 --
@@ -1351,23 +1810,70 @@ CREATE FUNCTION dispatch.tick(now timestamp with time zone DEFAULT now()) RETURN
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    marked integer;
+    horizon constant timestamptz := tick.now;
     requeued integer;
+    marked integer;
+    behind bigint[];
+    backing_off uuid[];
+    skipped dispatch.runs[];
 BEGIN
-    -- One tick at a time: two marking the same slots in different orders could deadlock
-    -- (so no ORDER BY is needed below), and a queued tick is cheap.
-    PERFORM pg_advisory_xact_lock(hashtext('dispatch.tick'));
-    requeued := dispatch.expire_leases();
+    -- Marking ahead of the clock fires schedules early: for tests and backfills by an
+    -- administrator, never for a listener (invariant 5).
+    IF horizon > clock_timestamp()
+       AND NOT pg_has_role(session_user, 'dispatch_admin', 'MEMBER')
+       AND NOT pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'dispatch'),
+                           'MEMBER') THEN
+        RAISE EXCEPTION 'dispatch.tick(%) marks ahead of the database''s clock, which only dispatch_admin may do', horizon
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Call dispatch.tick() without an argument: it marks what is due now.';
+    END IF;
 
-    INSERT INTO dispatch.runs (schedule_id, scheduled_for)
-    SELECT s.id, s.next_run_at
-    FROM dispatch.schedules s
-    WHERE s.next_run_at <= tick.now
-    ON CONFLICT DO NOTHING;  -- a slot already marked, or a run still open for the schedule
-    GET DIAGNOSTICS marked = ROW_COUNT;
+    requeued := dispatch._expire_leases();
+
+    -- Due schedules with no open run, each locked or left to the tick that holds it. Its slot
+    -- has no run yet (mark it), or has a finished one (the schedule is behind: a completion
+    -- found it locked, or a write put it back), or it is a back-off instant (invariant 6).
+    WITH due AS MATERIALIZED (
+        SELECT s.id, s.next_run_at, s.backoff_reason, r.id AS slot_run
+        FROM dispatch.schedules s
+        LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
+        WHERE s.next_run_at <= horizon
+          AND NOT EXISTS (SELECT 1 FROM dispatch.runs o
+                          WHERE o.schedule_id = s.id AND o.status IN ('pending', 'running'))
+        FOR NO KEY UPDATE OF s SKIP LOCKED
+    ), new_runs AS (
+        INSERT INTO dispatch.runs (schedule_id, scheduled_for)
+        SELECT d.id, d.next_run_at FROM due d
+        WHERE d.slot_run IS NULL AND d.backoff_reason IS NULL
+        ON CONFLICT DO NOTHING  -- cannot happen given the above; never an error if it did
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM new_runs),
+           array_agg(d.slot_run) FILTER (WHERE d.slot_run IS NOT NULL),
+           array_agg(d.id) FILTER (WHERE d.slot_run IS NULL AND d.backoff_reason IS NOT NULL)
+    INTO marked, behind, backing_off
+    FROM due d;
+
+    IF behind IS NOT NULL THEN
+        PERFORM dispatch._settle_runs(ARRAY(SELECT r FROM dispatch.runs r WHERE r.id = ANY (behind)));
+    END IF;
+    IF backing_off IS NOT NULL THEN
+        WITH k AS (
+            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, status, finished_at, error)
+            SELECT s.id, s.next_run_at, 'skipped', now(), left(s.backoff_reason, 500)
+            FROM dispatch.schedules s
+            WHERE s.id = ANY (backing_off)
+            RETURNING r
+        )
+        SELECT array_agg(k.r) INTO skipped FROM k;
+        PERFORM dispatch._finish_runs(skipped);
+    END IF;
 
     IF marked + requeued > 0 THEN
         PERFORM pg_notify('dispatch', json_build_object('marked', marked, 'requeued', requeued)::text);
+    END IF;
+    IF behind IS NOT NULL OR backing_off IS NOT NULL THEN
+        PERFORM pg_notify('dispatch', 'schedules');  -- next_run_at moved: listeners re-plan
     END IF;
     RETURN marked;
 END
@@ -1378,7 +1884,7 @@ $$;
 -- Name: FUNCTION tick(now timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.tick(now timestamp with time zone) IS 'Mark every live schedule due at or before "now" as a pending run (idempotent per slot), expire leases by the real clock, NOTIFY dispatch when there is work. Returns how many runs it marked. Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
+COMMENT ON FUNCTION dispatch.tick(now timestamp with time zone) IS 'Expire leases by the real clock, then mark every live schedule due at or before "now" as a pending run (idempotent per slot), move schedules still on a finished slot past it, record a skipped run for each back-off instant reached, and NOTIFY dispatch when there is work. Returns how many runs it marked. Never waits on a row another transaction holds. A "now" ahead of the clock needs dispatch_admin. Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
 
 
 --
@@ -1475,113 +1981,6 @@ COMMENT ON TABLE dispatch.migrations IS 'Applied migrations (sql/migrations/NNNN
 
 
 --
--- Name: schedules; Type: TABLE; Schema: dispatch; Owner: -
---
-
-CREATE TABLE dispatch.schedules (
-    id uuid DEFAULT gen_random_uuid() NOT NULL,
-    project_id text NOT NULL,
-    function_name text NOT NULL,
-    cron_expression text NOT NULL,
-    timezone text DEFAULT 'UTC'::text NOT NULL,
-    args jsonb DEFAULT '{}'::jsonb NOT NULL,
-    enabled boolean DEFAULT true NOT NULL,
-    deleted_at timestamp with time zone,
-    next_run_at timestamp with time zone,
-    last_run_at timestamp with time zone,
-    last_status text,
-    last_error text,
-    max_attempts integer DEFAULT 3 NOT NULL,
-    cron_spec dispatch.cron_spec NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT schedules_args_check CHECK ((jsonb_typeof(args) = 'object'::text)),
-    CONSTRAINT schedules_last_status_check CHECK ((last_status = ANY (ARRAY['ok'::text, 'error'::text, 'skipped'::text, 'lost'::text]))),
-    CONSTRAINT schedules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 10))),
-    CONSTRAINT schedules_next_run_at_live_check CHECK (((next_run_at IS NULL) OR (enabled AND (deleted_at IS NULL)))),
-    CONSTRAINT schedules_project_id_check CHECK (((project_id ~ '^[^[:space:][:cntrl:]/]{1,200}$'::text) AND (project_id !~ '^[.]{1,2}$'::text)))
-)
-WITH (fillfactor='80');
-
-
---
--- Name: TABLE schedules; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON TABLE dispatch.schedules IS 'One row per schedule. INSERT/UPDATE from any client validates cron_expression, timezone and function_name and computes next_run_at.';
-
-
---
--- Name: COLUMN schedules.project_id; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.project_id IS 'Tenant: 1-200 characters, no whitespace, control characters or /, not . or .. (it is one segment of the invoke URL).';
-
-
---
--- Name: COLUMN schedules.function_name; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.function_name IS 'Function to call: a letter or digit, then letters, digits, _ . - (at most 128); percent-encoded into the invoke URL.';
-
-
---
--- Name: COLUMN schedules.timezone; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.timezone IS 'IANA zone name (pg_timezone_names) the expression is read in.';
-
-
---
--- Name: COLUMN schedules.args; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.args IS 'JSON object passed as "args" in the request body; at most 4 MiB of JSON text and 64 levels deep.';
-
-
---
--- Name: COLUMN schedules.deleted_at; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.deleted_at IS 'Soft delete: set it to stop the schedule and keep its history.';
-
-
---
--- Name: COLUMN schedules.next_run_at; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.next_run_at IS 'Next slot to fire; NULL when disabled or deleted. Stays on a slot while its run is pending or running; dispatch.complete_run advances it.';
-
-
---
--- Name: COLUMN schedules.last_status; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.last_status IS 'Status of the latest finished run: ok, error, skipped or lost.';
-
-
---
--- Name: COLUMN schedules.max_attempts; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.max_attempts IS 'Claims a run may take before an expired lease makes it lost.';
-
-
---
--- Name: COLUMN schedules.cron_spec; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.cron_spec IS 'cron_expression parsed by the write trigger (dispatch.cron_parse).';
-
-
---
--- Name: COLUMN schedules.updated_at; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.updated_at IS 'Last change to the definition (not to next_run_at or last_*).';
-
-
---
 -- Name: recent_failures; Type: VIEW; Schema: dispatch; Owner: -
 --
 
@@ -1634,7 +2033,7 @@ CREATE VIEW dispatch.schedule_status AS
     s.function_name,
     s.cron_expression,
     s.timezone,
-    (s.enabled AND (s.deleted_at IS NULL)) AS live,
+    (s.enabled AND (s.deleted_at IS NULL) AND (s.paused_at IS NULL)) AS live,
     s.next_run_at,
     s.last_run_at,
     s.last_status,
@@ -1644,7 +2043,11 @@ CREATE VIEW dispatch.schedule_status AS
         CASE
             WHEN (s.next_run_at < now()) THEN (now() - s.next_run_at)
             ELSE NULL::interval
-        END AS overdue_by
+        END AS overdue_by,
+    s.paused_at,
+    s.paused_by,
+    s.paused_reason,
+    s.backoff_reason
    FROM ((dispatch.schedules s
      LEFT JOIN LATERAL ( SELECT r.status
            FROM dispatch.runs r
@@ -1661,7 +2064,7 @@ CREATE VIEW dispatch.schedule_status AS
 -- Name: VIEW schedule_status; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON VIEW dispatch.schedule_status IS 'One row per schedule that is not deleted: next and last run, the run in flight if any, failures since the last ok run, and how long it is overdue (next_run_at in the past: due, and late if more than a minute or so).';
+COMMENT ON VIEW dispatch.schedule_status IS 'One row per schedule that is not deleted: next and last run, the run in flight if any, failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, and why it is backing off (its next slot cannot be computed).';
 
 
 --
@@ -1845,6 +2248,13 @@ CREATE INDEX schedules_project_id_idx ON dispatch.schedules USING btree (project
 
 
 --
+-- Name: schedules _050_soft_delete; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _050_soft_delete BEFORE DELETE ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_soft_delete();
+
+
+--
 -- Name: schedules _100_validate_insert; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
@@ -1855,14 +2265,14 @@ CREATE TRIGGER _100_validate_insert BEFORE INSERT ON dispatch.schedules FOR EACH
 -- Name: schedules _100_validate_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
+CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, cron_spec ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
 
 
 --
--- Name: schedules _200_skip_pending; Type: TRIGGER; Schema: dispatch; Owner: -
+-- Name: schedules _200_end_pending; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _200_skip_pending AFTER UPDATE OF enabled, deleted_at ON dispatch.schedules FOR EACH ROW WHEN (((new.next_run_at IS NULL) AND (old.next_run_at IS NOT NULL))) EXECUTE FUNCTION dispatch._schedule_skip_pending();
+CREATE TRIGGER _200_end_pending AFTER UPDATE OF enabled, deleted_at, paused_at ON dispatch.schedules FOR EACH ROW WHEN (((new.next_run_at IS NULL) AND (old.next_run_at IS NOT NULL))) EXECUTE FUNCTION dispatch._schedule_end_pending();
 
 
 --
@@ -1876,14 +2286,14 @@ CREATE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules FOR EACH ROW
 -- Name: schedules _800_audit_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _800_audit_update AFTER UPDATE ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at))) EXECUTE FUNCTION dispatch._schedule_audit();
+CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts))) EXECUTE FUNCTION dispatch._schedule_audit();
 
 
 --
 -- Name: schedules _900_notify; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _900_notify AFTER INSERT OR UPDATE OF enabled, deleted_at, cron_expression, timezone ON dispatch.schedules FOR EACH STATEMENT EXECUTE FUNCTION dispatch._schedule_notify();
+CREATE TRIGGER _900_notify AFTER INSERT OR UPDATE OF enabled, deleted_at, paused_at, cron_expression, timezone ON dispatch.schedules FOR EACH STATEMENT EXECUTE FUNCTION dispatch._schedule_notify();
 
 
 --
@@ -1901,6 +2311,27 @@ ALTER TABLE ONLY dispatch.runs
 GRANT USAGE ON SCHEMA dispatch TO dispatch_listener;
 GRANT USAGE ON SCHEMA dispatch TO dispatch_reader;
 GRANT USAGE ON SCHEMA dispatch TO dispatch_admin;
+
+
+--
+-- Name: TABLE runs; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.runs TO dispatch_reader;
+
+
+--
+-- Name: FUNCTION _advance_schedules(finished dispatch.runs[], guarded boolean); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._advance_schedules(finished dispatch.runs[], guarded boolean) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _audit_runs(finished dispatch.runs[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._audit_runs(finished dispatch.runs[]) FROM PUBLIC;
 
 
 --
@@ -1944,17 +2375,24 @@ GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo i
 
 
 --
--- Name: TABLE runs; Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _end_stale_runs(run_ids bigint[], wait boolean); Type: ACL; Schema: dispatch; Owner: -
 --
 
-GRANT SELECT ON TABLE dispatch.runs TO dispatch_reader;
+REVOKE ALL ON FUNCTION dispatch._end_stale_runs(run_ids bigint[], wait boolean) FROM PUBLIC;
 
 
 --
--- Name: FUNCTION _finish_batch(finished dispatch.runs[], guarded boolean); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _expire_leases(); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._finish_batch(finished dispatch.runs[], guarded boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._expire_leases() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _finish_runs(finished dispatch.runs[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._finish_runs(finished dispatch.runs[]) FROM PUBLIC;
 
 
 --
@@ -1975,26 +2413,97 @@ REVOKE ALL ON FUNCTION dispatch._next_slot(spec dispatch.cron_spec, after timest
 
 
 --
--- Name: FUNCTION _prune_audit(); Type: ACL; Schema: dispatch; Owner: -
+-- Name: TABLE schedules; Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._prune_audit() FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch._prune_audit() TO dispatch_admin;
-
-
---
--- Name: FUNCTION _prune_runs(); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._prune_runs() FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch._prune_runs() TO dispatch_admin;
+GRANT SELECT ON TABLE dispatch.schedules TO dispatch_reader;
+GRANT DELETE ON TABLE dispatch.schedules TO dispatch_admin;
 
 
 --
--- Name: FUNCTION _runs_finished(finished dispatch.runs[]); Type: ACL; Schema: dispatch; Owner: -
+-- Name: COLUMN schedules.id; Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._runs_finished(finished dispatch.runs[]) FROM PUBLIC;
+GRANT INSERT(id) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.project_id; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(project_id),UPDATE(project_id) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.function_name; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(function_name),UPDATE(function_name) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.cron_expression; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(cron_expression),UPDATE(cron_expression) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.timezone; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(timezone),UPDATE(timezone) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.args; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(args),UPDATE(args) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.enabled; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(enabled),UPDATE(enabled) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.deleted_at; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT UPDATE(deleted_at) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.max_attempts; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(max_attempts),UPDATE(max_attempts) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _operable_schedule(schedule_id uuid, verb text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._operable_schedule(schedule_id uuid, verb text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _prune_audit(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._prune_audit(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._prune_audit(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _prune_runs(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._prune_runs(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._prune_runs(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint) TO dispatch_admin;
 
 
 --
@@ -2012,6 +2521,13 @@ REVOKE ALL ON FUNCTION dispatch._schedule_before_write() FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION _schedule_end_pending(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._schedule_end_pending() FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _schedule_notify(); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -2019,10 +2535,17 @@ REVOKE ALL ON FUNCTION dispatch._schedule_notify() FROM PUBLIC;
 
 
 --
--- Name: FUNCTION _schedule_skip_pending(); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _schedule_soft_delete(); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._schedule_skip_pending() FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._schedule_soft_delete() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _settle_runs(finished dispatch.runs[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._settle_runs(finished dispatch.runs[]) FROM PUBLIC;
 
 
 --
@@ -2064,19 +2587,19 @@ GRANT ALL ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease i
 
 
 --
--- Name: PROCEDURE complete_run(IN run_id bigint, IN worker text, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean); Type: ACL; Schema: dispatch; Owner: -
+-- Name: PROCEDURE complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean) FROM PUBLIC;
-GRANT ALL ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean) TO dispatch_listener;
+REVOKE ALL ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean) FROM PUBLIC;
+GRANT ALL ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean) TO dispatch_listener;
 
 
 --
--- Name: FUNCTION complete_runs(worker text, run_ids bigint[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) TO dispatch_listener;
+REVOKE ALL ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) TO dispatch_listener;
 
 
 --
@@ -2120,13 +2643,6 @@ GRANT ALL ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after tim
 
 
 --
--- Name: FUNCTION expire_leases(); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch.expire_leases() FROM PUBLIC;
-
-
---
 -- Name: FUNCTION next_due_after(covered timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -2142,6 +2658,14 @@ GRANT ALL ON FUNCTION dispatch.next_due_after(covered timestamp with time zone) 
 REVOKE ALL ON FUNCTION dispatch.next_due_at() FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.next_due_at() TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch.next_due_at() TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION pause(schedule_id uuid, reason text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.pause(schedule_id uuid, reason text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.pause(schedule_id uuid, reason text) TO dispatch_admin;
 
 
 --
@@ -2168,11 +2692,19 @@ REVOKE ALL ON FUNCTION dispatch.register_cron_job() FROM PUBLIC;
 
 
 --
--- Name: FUNCTION release_runs(worker text, run_ids bigint[]); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION release_runs(worker text, run_ids bigint[], attempts integer[]); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[]) FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[]) TO dispatch_listener;
+REVOKE ALL ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[], attempts integer[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[], attempts integer[]) TO dispatch_listener;
+
+
+--
+-- Name: FUNCTION resume(schedule_id uuid); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.resume(schedule_id uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.resume(schedule_id uuid) TO dispatch_admin;
 
 
 --
@@ -2203,14 +2735,6 @@ GRANT SELECT ON TABLE dispatch.listeners TO dispatch_reader;
 --
 
 GRANT SELECT ON TABLE dispatch.migrations TO dispatch_reader;
-
-
---
--- Name: TABLE schedules; Type: ACL; Schema: dispatch; Owner: -
---
-
-GRANT SELECT ON TABLE dispatch.schedules TO dispatch_reader;
-GRANT INSERT,DELETE,UPDATE ON TABLE dispatch.schedules TO dispatch_admin;
 
 
 --

@@ -204,9 +204,10 @@ def test_fuzzed_cron_expressions_and_zones_are_accepted_or_refused_cleanly(db: p
     assert claimed is not None and len(claimed[0]) == accepted[0]
     results = db.execute(
         "SELECT count(*) FILTER (WHERE recorded), count(*) FILTER (WHERE advanced)"
-        " FROM dispatch.complete_runs('fuzz', %s, array_fill('ok'::text, ARRAY[%s]),"
-        " array_fill(NULL::text, ARRAY[%s]), array_fill(NULL::int, ARRAY[%s]), array_fill(1, ARRAY[%s]))",
-        (claimed[0], accepted[0], accepted[0], accepted[0], accepted[0]),
+        " FROM dispatch.complete_runs('fuzz', %s, array_fill(1, ARRAY[%s]),"
+        " array_fill('ok'::text, ARRAY[%s]), array_fill(NULL::text, ARRAY[%s]),"
+        " array_fill(NULL::int, ARRAY[%s]), array_fill(1, ARRAY[%s]))",
+        (claimed[0], accepted[0], accepted[0], accepted[0], accepted[0], accepted[0]),
     ).fetchone()
     assert results == (accepted[0], accepted[0])
     stuck = db.execute(

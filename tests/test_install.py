@@ -1,18 +1,22 @@
 """sql/install.sql: installs on an empty database, changes nothing when run again, and its
-migrations are numbered, listed and recorded; the Python installer applies the same files."""
+migrations are numbered, listed and recorded; the Python installer applies the same files; an
+upgrade from an earlier release ends with the very schema of a fresh install and its data intact."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
+import tarfile
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
-from dispatcher.migrations import install, migrations
+from dispatcher.migrations import code_files, install, migrations
 from tests.conftest import ROOT, psql
 
 SNAPSHOT = ROOT / "tests" / "schema.sql"
@@ -82,12 +86,32 @@ def test_migrations_numbered_without_gaps_and_all_listed_in_install_sql() -> Non
     assert [(int(v), n) for v, n in listed] == [(m.version, m.name) for m in found]
 
 
-def test_migrations_are_plain_sql() -> None:
+def test_every_code_file_is_listed_in_install_sql_in_order() -> None:
+    names = sorted(p.name for p in (ROOT / "sql" / "code").iterdir())
+    assert names == [p.name for p in code_files()], "a file in sql/code does not match NN_name.sql"
+    listed = re.findall(r"^\\ir code/(\S+)$", (ROOT / "sql" / "install.sql").read_text(), re.M)
+    assert listed == names
+
+
+def test_migrations_and_code_are_plain_sql() -> None:
+    for path in [*(m.path for m in migrations()), *code_files()]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            assert not line.lstrip().startswith("\\"), f"{path.name}:{number} is a psql meta-command"
+
+
+def test_functions_live_in_code_and_tables_in_migrations() -> None:
+    """One definition per function (sql/code/, re-applied by every install); tables, types and
+    indexes only in migrations (add-only)."""
     for migration in migrations():
-        for number, line in enumerate(migration.path.read_text().splitlines(), 1):
-            assert not line.lstrip().startswith("\\"), (
-                f"{migration.path.name}:{number} is a psql meta-command"
-            )
+        text = migration.path.read_text()
+        assert not re.search(r"CREATE (OR REPLACE )?(FUNCTION|PROCEDURE|VIEW|TRIGGER)", text), migration.name
+    defined: dict[str, str] = {}
+    for path in code_files():
+        text = path.read_text()
+        assert not re.search(r"CREATE (TABLE|TYPE|INDEX|UNIQUE INDEX)|ALTER TABLE", text), path.name
+        for name in re.findall(r"CREATE OR REPLACE (?:FUNCTION|PROCEDURE) (dispatch\.\w+)\(", text):
+            assert name not in defined, f"{name} is defined in {defined[name]} and in {path.name}"
+            defined[name] = path.name
 
 
 def test_python_installer_matches_psql(empty_db: str, db: psycopg.Connection) -> None:
@@ -99,7 +123,7 @@ def test_python_installer_matches_psql(empty_db: str, db: psycopg.Connection) ->
     assert install(conninfo)[:-1] == []  # nothing left to apply; the last line is the pg_cron status
 
 
-def test_concurrent_installs_apply_each_migration_once(empty_db: str) -> None:
+def test_concurrent_installs_all_succeed_and_apply_each_migration_once(empty_db: str) -> None:
     results: list[subprocess.CompletedProcess[str]] = []
 
     def run() -> None:
@@ -110,10 +134,10 @@ def test_concurrent_installs_apply_each_migration_once(empty_db: str) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert any(r.returncode == 0 for r in results)
-    for r in results:
-        # A loser fails on the bookkeeping row, before changing anything.
-        assert r.returncode == 0 or "migrations_pkey" in r.stderr or "already exists" in r.stderr, r.stderr
+    # One transaction each, serialised by an advisory lock: the later ones find the migrations
+    # applied and re-apply the code.
+    assert [r.returncode for r in results] == [0, 0, 0], [r.stderr for r in results]
+    assert sum("applied migration 0001_cron_engine" in r.stdout for r in results) == 1
     rows = psql(empty_db, "-Atc", "SELECT version FROM dispatch.migrations ORDER BY 1").stdout.split()
     assert [int(v) for v in rows] == [m.version for m in migrations()]
     assert psql(empty_db, "-f", str(ROOT / "sql" / "install.sql")).returncode == 0
@@ -165,3 +189,96 @@ def test_pg_cron_sql_requires_the_dispatch_database() -> None:
     out = psql("postgres", "-f", str(ROOT / "sql" / "pg_cron.sql"), check=False)
     assert out.returncode != 0
     assert "-v dispatch_db=NAME" in out.stderr
+
+
+# The last release before sql/ was split into migrations/ and code/ (issue 10).
+UPGRADE_FROM = "3b94f50"
+
+
+@pytest.fixture
+def sql_of_upgrade_from(tmp_path: Path) -> Path:
+    """sql/ as of UPGRADE_FROM, from git history."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", UPGRADE_FROM, "sql"],
+                             capture_output=True, check=False)
+    if archive.returncode != 0:  # a shallow clone: say so rather than fail on something else
+        pytest.skip(f"commit {UPGRADE_FROM} is not in this clone: {archive.stderr.decode().strip()}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(tmp_path, filter="data")
+    return tmp_path / "sql"
+
+
+def _rows(dbname: str, query: str) -> list[str]:
+    return psql(dbname, "-AtXc", query).stdout.splitlines()
+
+
+def test_upgrade_from_the_previous_release_matches_a_fresh_install_and_keeps_the_data(
+    empty_db: str, db: psycopg.Connection, sql_of_upgrade_from: Path
+) -> None:
+    psql(empty_db, "-q", "-f", str(sql_of_upgrade_from / "install.sql"))
+    # Data as that release made it, with the API of that release, including the two states it
+    # let a write leave behind: a live schedule without a next_run_at, and one stuck on a slot
+    # that already finished (issue 10, scenarios 3 and 8).
+    due = "UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now()) - interval '10 minutes'"
+    run_of = "(SELECT r.id FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id WHERE {})"
+    statements = f"""
+        INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, timezone, args,
+                                        max_attempts)
+        SELECT 'p' || g, 'fn' || g, '*/5 * * * *', CASE WHEN g % 2 = 0 THEN 'Europe/Berlin' ELSE 'UTC' END,
+               jsonb_build_object('n', g), CASE WHEN g = 4 THEN 1 ELSE 3 END
+        FROM generate_series(1, 8) g;
+        {due} WHERE function_name IN ('fn1', 'fn2', 'fn3');
+        SELECT dispatch.tick();
+        SELECT count(*) FROM dispatch.claim_runs('old', 10, '1 hour');
+        SELECT {run_of.format("s.function_name = 'fn1'")} AS fn1,
+               {run_of.format("s.function_name = 'fn2'")} AS fn2 \\gset
+        CALL dispatch.complete_run(:fn1, 'old', 'ok');
+        CALL dispatch.complete_run(:fn2, 'old', 'error', 'boom', 500, 12);
+        {due} WHERE function_name = 'fn4';
+        SELECT dispatch.tick();
+        SELECT count(*) FROM dispatch.claim_runs('old', 10, '10 milliseconds');
+        DO $$ BEGIN  -- until fn4's lease has passed: the next tick ends it lost (its only attempt)
+            WHILE EXISTS (SELECT 1 FROM dispatch.runs WHERE lease_until >= clock_timestamp()
+                          AND lease_until < now() + interval '1 minute') LOOP
+                PERFORM pg_sleep(0.01);
+            END LOOP;
+        END $$;
+        SELECT dispatch.tick();
+        {due} WHERE function_name IN ('fn5', 'fn6', 'fn7', 'fn8');
+        SELECT dispatch.tick();
+        UPDATE dispatch.schedules SET enabled = false WHERE function_name = 'fn5';
+        UPDATE dispatch.schedules SET deleted_at = now() WHERE function_name = 'fn6';
+        UPDATE dispatch.schedules SET next_run_at = NULL WHERE function_name = 'fn7';
+        UPDATE dispatch.schedules s SET next_run_at = r.scheduled_for
+        FROM dispatch.runs r WHERE r.schedule_id = s.id AND s.function_name = 'fn1';
+    """
+    script = sql_of_upgrade_from.parent / "data.sql"
+    script.write_text(statements)
+    psql(empty_db, "-q", "-f", str(script))  # autocommit: a transaction per statement
+    runs_query = "SELECT r::text FROM dispatch.runs r ORDER BY id"
+    audit_query = "SELECT a::text FROM dispatch.audit_log a ORDER BY id"
+    definitions_query = ("SELECT concat_ws(' ', id, project_id, function_name, cron_expression, timezone,"
+                         " args, enabled, deleted_at, last_run_at, last_status, last_error, created_at)"
+                         " FROM dispatch.schedules ORDER BY function_name")
+    before = [_rows(empty_db, q) for q in (runs_query, audit_query, definitions_query)]
+    assert sorted(r.split(",")[3] for r in before[0]) == ["error", "lost", "ok", "pending", "pending",
+                                                          "running", "skipped", "skipped"]
+
+    upgraded = psql(empty_db, "-f", str(ROOT / "sql" / "install.sql"))
+    assert upgraded.stdout.splitlines()[0] == "applied migration 0011_invariants"
+    assert schema_dump(empty_db) == schema_dump(db.info.dbname)
+    assert [_rows(empty_db, q) for q in (runs_query, audit_query, definitions_query)] == before
+
+    # The states no write may leave are repaired: every live schedule has a future past its
+    # last finished slot (invariant 2), which the new constraints now hold it to.
+    assert _rows(empty_db, """
+        SELECT concat_ws(' ', function_name, (next_run_at IS NOT NULL)::text,
+                         coalesce((next_run_at > last_slot)::text, '-'))
+        FROM dispatch.schedules ORDER BY function_name""") == [
+        "fn1 true true", "fn2 true true", "fn3 true -", "fn4 true true", "fn5 false -", "fn6 false -",
+        "fn7 true -", "fn8 true -"]
+    # And the new API works on the old data: the running run (fn2's was finished; fn3's is
+    # claimed on attempt 1) completes fenced by its attempt.
+    assert _rows(empty_db, """
+        SELECT recorded FROM dispatch.complete_runs(
+            'new', ARRAY(SELECT id FROM dispatch.runs WHERE status = 'running'), '{1}', '{ok}', '{NULL}',
+            '{200}', '{5}')""") == ["t"]

@@ -48,13 +48,14 @@ def test_listener_runs_the_dispatch_functions(db: psycopg.Connection) -> None:
     with as_role(db, "dispatch_listener"):
         assert db.execute("SELECT dispatch.tick()").fetchone() == (1,)
         (run_id, *_rest) = db.execute("SELECT * FROM dispatch.claim_runs('w', 5, '1 minute')").fetchone()  # type: ignore[misc]
-        assert db.execute("CALL dispatch.complete_run(%s, 'w', 'ok')", (run_id,)).fetchone() == (True, True)
+        assert db.execute("CALL dispatch.complete_run(%s, 'w', 1, 'ok')", (run_id,)).fetchone() == (
+            True, True, False)
         assert db.execute("SELECT dispatch.next_due_at() > now()").fetchone() == (True,)
         assert db.execute("SELECT dispatch.next_due_after(now()) > now()").fetchone() == (True,)
         assert db.execute(
-            "SELECT count(*) FROM dispatch.complete_runs('w', '{}', '{}', '{}', '{}', '{}')"
+            "SELECT count(*) FROM dispatch.complete_runs('w', '{}', '{}', '{}', '{}', '{}', '{}')"
         ).fetchone() == (0,)
-        assert db.execute("SELECT dispatch.release_runs('w', '{}')").fetchone() == (0,)
+        assert db.execute("SELECT dispatch.release_runs('w', '{}', '{}')").fetchone() == (0,)
     assert db.execute("SELECT status FROM dispatch.runs").fetchone() == ("ok",)
     assert db.execute(
         "SELECT count(*) FROM dispatch.audit_log WHERE action = 'schedule.run.ok'"
@@ -144,7 +145,8 @@ def test_pgspot_reports_nothing() -> None:
          "--proc-without-search-path", "dispatch._next_bit(mask bigint,k integer)",
          "--proc-without-search-path", "dispatch.prune(INOUT runs_deleted bigint,INOUT audit_deleted bigint)",
          str(ROOT / "sql" / "bootstrap.sql"),
-         *sorted(str(p) for p in (ROOT / "sql" / "migrations").glob("*.sql"))],
+         *sorted(str(p) for p in (ROOT / "sql" / "migrations").glob("*.sql")),
+         *sorted(str(p) for p in (ROOT / "sql" / "code").glob("*.sql"))],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert "TOTAL: Errors: 0 Warnings: 0 Unknown: 0" in out.stdout, out.stdout

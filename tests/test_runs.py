@@ -4,70 +4,16 @@ to a retry or to lost. Concurrency is exercised with real concurrent sessions.""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import psycopg
 import pytest
 from psycopg import errors
 
+from tests.runs_kit import add_schedule, claim, complete, complete_many, expire, make_due, release, scalar
+
 Connect = Callable[..., psycopg.Connection]
-
-
-def add_schedule(db: psycopg.Connection, expr: str = "* * * * *", **columns: Any) -> str:
-    names = ["project_id", "function_name", "cron_expression", *columns]
-    values = ["proj_1", "fn", expr, *columns.values()]
-    row = db.execute(
-        f"INSERT INTO dispatch.schedules ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))})"
-        " RETURNING id",
-        values,
-    ).fetchone()
-    assert row is not None
-    return str(row[0])
-
-
-def make_due(db: psycopg.Connection, ago: str = "1 second") -> None:
-    """Put every live schedule's slot in the past, as the clock would."""
-    db.execute(
-        "UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now() - %s::interval)"
-        " WHERE next_run_at IS NOT NULL",
-        (ago,),
-    )
-
-
-def scalar(db: psycopg.Connection, sql: str, params: Any = None) -> Any:
-    row = db.execute(sql, params).fetchone()
-    assert row is not None
-    return row[0]
-
-
-def claim(
-    db: psycopg.Connection, worker: str, n: int = 10, lease: str = "60 seconds"
-) -> list[tuple[Any, ...]]:
-    return db.execute(
-        "SELECT * FROM dispatch.claim_runs(%s, %s, %s::interval)", (worker, n, lease)
-    ).fetchall()
-
-
-def complete(
-    db: psycopg.Connection, run_id: int, worker: str, status: str = "ok", **kw: Any
-) -> tuple[bool, bool]:
-    row = db.execute(
-        "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s)",
-        (run_id, worker, status, kw.get("error"), kw.get("http_status"), kw.get("duration_ms")),
-    ).fetchone()
-    assert row is not None
-    return row[0], row[1]
-
-
-def expire(db: psycopg.Connection, run_id: int) -> None:
-    """Let a lease run out: wait (on the database's clock) until it has, then tick."""
-    deadline = time.monotonic() + 10
-    while not scalar(db, "SELECT lease_until < now() FROM dispatch.runs WHERE id = %s", (run_id,)):
-        assert time.monotonic() < deadline, "lease did not expire"
-    db.execute("SELECT dispatch.tick()")
 
 
 def test_tick_marks_due_slots_once(db: psycopg.Connection) -> None:
@@ -196,9 +142,10 @@ def test_complete_records_advances_and_audits(db: psycopg.Connection) -> None:
     make_due(db, "25 minutes")  # two slots were missed meanwhile: they are skipped, not piled up
     db.execute("SELECT dispatch.tick()")
     (run,) = claim(db, "w1")
-    assert complete(db, run[0], "w1", "error", error="E" * 600, http_status=500, duration_ms=42) == (
+    assert complete(db, run, "w1", "error", error="E" * 600, http_status=500, duration_ms=42) == (
         True,
         True,
+        False,
     )
     status, error, http_status, duration = db.execute(
         "SELECT status, error, http_status, duration_ms FROM dispatch.runs WHERE id = %s", (run[0],)
@@ -219,7 +166,7 @@ def test_complete_records_advances_and_audits(db: psycopg.Connection) -> None:
     assert metadata["functionName"] == "fn"
     assert metadata["error"] == "E" * 500
     # completing again changes nothing
-    assert complete(db, run[0], "w1", "ok") == (False, False)
+    assert complete(db, run, "w1", "ok") == (False, False, False)
     assert scalar(db, "SELECT count(*) FROM dispatch.audit_log WHERE action LIKE 'schedule.run.%'") == 1
 
 
@@ -228,7 +175,7 @@ def test_ok_audit_has_no_error_key(db: psycopg.Connection) -> None:
     make_due(db)
     db.execute("SELECT dispatch.tick()")
     (run,) = claim(db, "w")
-    assert complete(db, run[0], "w", "ok", http_status=200) == (True, True)
+    assert complete(db, run, "w", "ok", http_status=200) == (True, True, False)
     metadata = scalar(db, "SELECT metadata FROM dispatch.audit_log WHERE action = 'schedule.run.ok'")
     assert "error" not in metadata
     assert {"scheduleId", "requestId", "functionName"} <= metadata.keys()
@@ -236,25 +183,29 @@ def test_ok_audit_has_no_error_key(db: psycopg.Connection) -> None:
 
 def test_complete_refuses_a_status_it_does_not_know(db: psycopg.Connection) -> None:
     with pytest.raises(errors.InvalidParameterValue, match="status must be ok or error"):
-        complete(db, 1, "w", "lost")
+        complete(db, (1, None, None, None, None, None, None, 1), "w", "lost")
 
 
-def test_a_worker_that_lost_its_lease_cannot_complete(db: psycopg.Connection) -> None:
+def test_a_late_outcome_is_fenced_by_its_attempt_whatever_the_worker(db: psycopg.Connection) -> None:
+    """Fencing: the attempt claim_runs returned, not the worker's name, decides (two replicas
+    configured with the same worker id, as docker/compose.yaml once did)."""
     add_schedule(db)
     make_due(db)
     db.execute("SELECT dispatch.tick()")
-    (run,) = claim(db, "old", lease="10 milliseconds")
+    (run,) = claim(db, "same-name", lease="10 milliseconds")
     expire(db, run[0])
-    (again,) = claim(db, "new")
+    (again,) = claim(db, "same-name")
     assert again[0] == run[0]
     assert again[5] == run[5]  # same request id: the idempotency key
-    assert again[7] == 2
-    assert complete(db, run[0], "old", "ok") == (False, False)
+    assert again[7] == run[7] + 1 == 2
+    assert complete(db, run, "same-name", "error") == (False, False, False)
+    assert release(db, "same-name", [run]) == 0
     assert (
-        scalar(db, "SELECT status || ' ' || worker FROM dispatch.runs WHERE id = %s", (run[0],))
-        == "running new"
+        scalar(db, "SELECT status || ' ' || attempt FROM dispatch.runs WHERE id = %s", (run[0],))
+        == "running 2"
     )
-    assert complete(db, run[0], "new", "ok") == (True, True)
+    assert complete(db, again, "another-name", "ok") == (True, True, False)
+    assert scalar(db, "SELECT status FROM dispatch.runs WHERE id = %s", (run[0],)) == "ok"
 
 
 def test_edit_mid_flight_wins_but_the_run_is_recorded(db: psycopg.Connection) -> None:
@@ -266,7 +217,7 @@ def test_edit_mid_flight_wins_but_the_run_is_recorded(db: psycopg.Connection) ->
     edited = scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (sid,))
     # the new slot is not marked while the old run is open: no overlap
     assert scalar(db, "SELECT dispatch.tick(%s)", (edited,)) == 0
-    assert complete(db, run[0], "w", "ok") == (True, False)
+    assert complete(db, run, "w", "ok") == (True, False, False)
     assert db.execute(
         "SELECT next_run_at, last_status FROM dispatch.schedules WHERE id = %s", (sid,)
     ).fetchone() == (edited, "ok")
@@ -304,8 +255,7 @@ def test_expired_lease_retries_then_ends_lost(db: psycopg.Connection, connect: C
     assert metadata["requestId"] == run[5]
     assert metadata["error"] == "lease of w2 expired on attempt 2 of 2"
     # the schedule moved on: its next slot (another one than the lost one) gets marked normally
-    make_due(db, "2 minutes")
-    assert scalar(db, "SELECT dispatch.tick()") == 1
+    assert scalar(db, "SELECT dispatch.tick(next_run_at) FROM dispatch.schedules WHERE id = %s", (sid,)) == 1
 
 
 def test_release_gives_back_the_attempt(db: psycopg.Connection) -> None:
@@ -313,23 +263,27 @@ def test_release_gives_back_the_attempt(db: psycopg.Connection) -> None:
     make_due(db)
     db.execute("SELECT dispatch.tick()")
     (run,) = claim(db, "w")
-    assert scalar(db, "SELECT dispatch.release_runs('other', ARRAY[%s]::bigint[])", (run[0],)) == 0
-    assert scalar(db, "SELECT dispatch.release_runs('w', ARRAY[%s]::bigint[])", (run[0],)) == 1
+    assert release(db, "w", [(*run[:7], run[7] + 1)]) == 0  # not the attempt it holds
+    assert release(db, "other", [run]) == 1  # the worker's name is informational
     assert db.execute(
         "SELECT status, attempt, worker FROM dispatch.runs WHERE id = %s", (run[0],)
     ).fetchone() == ("pending", 0, None)
 
 
-@pytest.mark.parametrize(
-    ("change", "reason"), [("enabled = false", "disabled"), ("deleted_at = now()", "deleted")]
-)
+STOPS = [("UPDATE dispatch.schedules SET enabled = false WHERE id = %s", "disabled"),
+         ("UPDATE dispatch.schedules SET deleted_at = now() WHERE id = %s", "deleted"),
+         ("DELETE FROM dispatch.schedules WHERE id = %s", "deleted"),
+         ("SELECT dispatch.pause(%s, 'maintenance')", "paused")]
+
+
+@pytest.mark.parametrize(("stop", "reason"), STOPS)
 def test_stopping_a_schedule_skips_what_it_had_pending(
-    db: psycopg.Connection, change: str, reason: str
+    db: psycopg.Connection, stop: str, reason: str
 ) -> None:
     sid = add_schedule(db)
     make_due(db)
     db.execute("SELECT dispatch.tick()")
-    db.execute(f"UPDATE dispatch.schedules SET {change} WHERE id = %s", (sid,))
+    db.execute(stop, (sid,))
     assert db.execute("SELECT status, error FROM dispatch.runs").fetchone() == (
         "skipped",
         f"schedule {reason} before the run was claimed",
@@ -338,15 +292,25 @@ def test_stopping_a_schedule_skips_what_it_had_pending(
     assert scalar(db, "SELECT count(*) FROM dispatch.audit_log WHERE action = 'schedule.run.skipped'") == 1
 
 
-def test_a_running_run_of_a_disabled_schedule_is_not_retried(db: psycopg.Connection) -> None:
+@pytest.mark.parametrize(("stop", "reason"), STOPS)
+def test_a_lease_expiring_on_a_stopped_schedule_ends_lost_not_skipped(
+    db: psycopg.Connection, stop: str, reason: str
+) -> None:
+    """Issue scenario 2: the run may have been invoked, so its outcome is unknown: lost, with
+    the reason, and never retried (DESIGN, Delivery)."""
     sid = add_schedule(db)
     make_due(db)
     db.execute("SELECT dispatch.tick()")
     (run,) = claim(db, "w", lease="10 milliseconds")
-    db.execute("UPDATE dispatch.schedules SET enabled = false WHERE id = %s", (sid,))
+    db.execute(stop, (sid,))
     expire(db, run[0])
-    assert scalar(db, "SELECT status FROM dispatch.runs WHERE id = %s", (run[0],)) == "skipped"
+    assert db.execute("SELECT status, error FROM dispatch.runs WHERE id = %s", (run[0],)).fetchone() == (
+        "lost", f"lease of w expired on attempt 1 after the schedule was {reason}: it may have run")
     assert claim(db, "w") == []
+    audited = "SELECT action FROM dispatch.audit_log WHERE metadata->>'runId' = %s"
+    assert scalar(db, audited, (str(run[0]),)) == "schedule.run.lost"
+    assert scalar(db, "SELECT last_status || ' ' || (next_run_at IS NULL) FROM dispatch.schedules"
+                      " WHERE id = %s", (sid,)) == "lost true"
 
 
 def test_every_finished_run_has_exactly_one_audit_row(db: psycopg.Connection) -> None:
@@ -358,7 +322,7 @@ def test_every_finished_run_has_exactly_one_audit_row(db: psycopg.Connection) ->
     db.execute("SELECT dispatch.tick()")
     runs = claim(db, "w", 30, lease="10 milliseconds")
     for i, run in enumerate(runs[:20]):
-        complete(db, run[0], "w", "ok" if i % 2 else "error", error=None if i % 2 else "boom")
+        complete(db, run, "w", "ok" if i % 2 else "error", error=None if i % 2 else "boom")
     expire(db, runs[-1][0])  # the 10 not completed end lost
     db.execute("UPDATE dispatch.schedules SET enabled = false")  # the 10 unclaimed end skipped
     by_status = dict(db.execute("SELECT status, count(*) FROM dispatch.runs GROUP BY 1").fetchall())
@@ -391,25 +355,6 @@ def test_claiming_pending_runs_uses_the_pending_index(db: psycopg.Connection) ->
     assert "schedules_next_run_at_idx" in due
 
 
-def complete_many(
-    db: psycopg.Connection, worker: str, outcomes: list[tuple[int, str, str | None]]
-) -> list[tuple[int, bool, bool]]:
-    return [
-        tuple(r)
-        for r in db.execute(
-            "SELECT * FROM dispatch.complete_runs(%s, %s, %s, %s, %s, %s)",
-            (
-                worker,
-                [o[0] for o in outcomes],
-                [o[1] for o in outcomes],
-                [o[2] for o in outcomes],
-                [200 if o[1] == "ok" else 500 for o in outcomes],
-                [7 for _ in outcomes],
-            ),
-        ).fetchall()
-    ]
-
-
 def test_complete_runs_applies_complete_runs_rules_to_a_batch(db: psycopg.Connection) -> None:
     ids = [
         add_schedule(db, expr)
@@ -419,7 +364,7 @@ def test_complete_runs_applies_complete_runs_rules_to_a_batch(db: psycopg.Connec
     db.execute("SELECT dispatch.tick()")
     runs = {str(r[1]): r for r in claim(db, "w")}
     taken = runs[ids[4]][0]
-    db.execute("UPDATE dispatch.runs SET worker = 'other' WHERE id = %s", (taken,))  # lease taken over
+    db.execute("UPDATE dispatch.runs SET attempt = attempt + 1 WHERE id = %s", (taken,))  # claimed again
     db.execute("UPDATE dispatch.schedules SET cron_expression = '0 12 * * *' WHERE id = %s", (ids[5],))
     edited = scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (ids[5],))
 
@@ -427,23 +372,23 @@ def test_complete_runs_applies_complete_runs_rules_to_a_batch(db: psycopg.Connec
         db,
         "w",
         [
-            (runs[ids[0]][0], "ok", None),
-            (runs[ids[1]][0], "error", "x" * 900),
-            (runs[ids[2]][0], "ok", None),
-            (runs[ids[3]][0], "error", "boom"),
-            (taken, "ok", None),
-            (runs[ids[5]][0], "ok", None),
-            (999_999, "ok", None),
+            (runs[ids[0]][0], 1, "ok", None),
+            (runs[ids[1]][0], 1, "error", "x" * 900),
+            (runs[ids[2]][0], 1, "ok", None),
+            (runs[ids[3]][0], 1, "error", "boom"),
+            (taken, 1, "ok", None),
+            (runs[ids[5]][0], 1, "ok", None),
+            (999_999, 1, "ok", None),
         ],
     )
     assert results == [
-        (runs[ids[0]][0], True, True),
-        (runs[ids[1]][0], True, True),
-        (runs[ids[2]][0], True, True),
-        (runs[ids[3]][0], True, True),
-        (taken, False, False),
-        (runs[ids[5]][0], True, False),
-        (999_999, False, False),
+        (runs[ids[0]][0], True, True, False),
+        (runs[ids[1]][0], True, True, False),
+        (runs[ids[2]][0], True, True, False),
+        (runs[ids[3]][0], True, True, False),
+        (taken, False, False, False),
+        (runs[ids[5]][0], True, False, False),
+        (999_999, False, False, False),
     ]
     # the same end state complete_run gives: slots advanced from now, error cut, audit per run
     for sid, expr in zip(ids[:4], ["* * * * *", "*/5 * * * *", "0 * * * *", "30 2 * * *"], strict=True):
@@ -476,7 +421,7 @@ def test_complete_runs_applies_complete_runs_rules_to_a_batch(db: psycopg.Connec
 
 def test_complete_runs_refuses_unknown_statuses(db: psycopg.Connection) -> None:
     with pytest.raises(errors.InvalidParameterValue, match="statuses must hold ok or error"):
-        complete_many(db, "w", [(1, "lost", None)])
+        complete_many(db, "w", [(1, 1, "lost", None)])
 
 
 def test_a_batch_computes_each_schedules_own_next_slot(db: psycopg.Connection) -> None:
@@ -487,7 +432,7 @@ def test_a_batch_computes_each_schedules_own_next_slot(db: psycopg.Connection) -
     ids = [add_schedule(db, expr, timezone=tz) for expr, tz in cases]
     make_due(db)
     db.execute("SELECT dispatch.tick()")
-    complete_many(db, "w", [(r[0], "ok", None) for r in claim(db, "w")])
+    complete_many(db, "w", [(r[0], r[7], "ok", None) for r in claim(db, "w")])
     for sid, (expr, tz) in zip(ids, cases, strict=True):
         assert scalar(
             db, "SELECT next_run_at = dispatch.cron_next(%s, now(), %s) FROM dispatch.schedules"
@@ -505,18 +450,20 @@ def test_a_zone_gone_from_the_tz_database_backs_off_without_failing_the_batch(db
     db.execute("UPDATE dispatch.schedules SET timezone = 'Gone/Away' WHERE id = %s", (gone,))
     db.execute("RESET session_replication_role")
 
-    results = complete_many(db, "w", [(r[0], "ok", None) for r in runs])
-    assert [r[1:] for r in results] == [(True, True), (True, True)]
+    results = complete_many(db, "w", [(r[0], r[7], "ok", None) for r in runs])
+    assert [r[1:] for r in results] == [(True, True, False), (True, True, False)]
     assert scalar(
         db, "SELECT next_run_at = dispatch.cron_next('*/5 * * * *', now(), 'UTC') FROM dispatch.schedules"
         " WHERE id = %s", (good,),
     )
     backed_off = db.execute(
-        "SELECT next_run_at - now(), last_status, last_error FROM dispatch.schedules WHERE id = %s", (gone,),
+        "SELECT next_run_at - now(), last_status, last_error, backoff_reason FROM dispatch.schedules"
+        " WHERE id = %s", (gone,),
     ).fetchone()
     assert backed_off is not None
     assert backed_off[0].total_seconds() == pytest.approx(3600, abs=5)
-    assert backed_off[1:] == ("ok", "cannot compute the next slot (see the server log), retrying in 1 hour")
+    assert backed_off[1:] == ("ok", None, 'cannot compute the next slot of "*/5 * * * *" in time zone'
+                              " Gone/Away (see the server log); trying again every hour")
     assert scalar(db, "SELECT count(*) FROM dispatch.audit_log WHERE action = 'schedule.run.ok'") == 2
 
 

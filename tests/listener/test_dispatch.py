@@ -167,7 +167,7 @@ async def test_a_claim_in_progress_at_shutdown_is_handed_back_unstarted(
     # listener starts let that sweep claim and invoke them whenever it beat the lock).
     blocker = connect(autocommit=False)
     assert mark_all_due(blocker) == 3
-    blocker.execute("LOCK TABLE dispatch.runs IN SHARE MODE")  # claim_runs must wait behind this
+    blocker.execute("LOCK TABLE dispatch.runs IN EXCLUSIVE MODE")  # claim_runs must wait behind this
     db.execute("NOTIFY dispatch")
     await until(lambda: scalar(adb, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                                     " AND datname = current_database() AND application_name = %s"

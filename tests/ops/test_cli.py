@@ -152,11 +152,12 @@ def test_runs_list(cli: Callable[..., Result], db: psycopg.Connection) -> None:
     ok_id = _add(cli, "--function", "fine", "--cron", "* * * * *")["schedule"]["id"]  # type: ignore[index]
     bad_id = _add(cli, "--function", "broken", "--cron", "* * * * *")["schedule"]["id"]  # type: ignore[index]
     db.execute("SELECT dispatch.tick(now() + interval '1 minute')")
-    claimed = db.execute("SELECT run_id, schedule_id FROM dispatch.claim_runs('w', 10, '1 min')").fetchall()
-    for run_id, schedule_id in claimed:
+    claimed = db.execute(
+        "SELECT run_id, schedule_id, attempt FROM dispatch.claim_runs('w', 10, '1 min')").fetchall()
+    for run_id, schedule_id, attempt in claimed:
         failed = str(schedule_id) == bad_id
-        db.execute("CALL dispatch.complete_run(%s, 'w', %s, %s, %s, 12)",
-                   (run_id, "error" if failed else "ok", "boom: it broke" if failed else None,
+        db.execute("CALL dispatch.complete_run(%s, 'w', %s, %s, %s, %s, 12)",
+                   (run_id, attempt, "error" if failed else "ok", "boom: it broke" if failed else None,
                     500 if failed else 200))
 
     everything = cli("runs", "list", "--json").json

@@ -129,7 +129,7 @@ def test_healthy_then_each_problem(cli: Callable[..., Result], db: psycopg.Conne
 
     # Recorded as an error: a failing schedule is a warning with the error shown.
     run_id = db.execute("SELECT id FROM dispatch.runs").fetchone()[0]  # type: ignore[index]
-    db.execute("CALL dispatch.complete_run(%s, 'w', 'error', 'boom: down', 503, 5)", (run_id,))
+    db.execute("CALL dispatch.complete_run(%s, 'w', 1, 'error', 'boom: down', 503, 5)", (run_id,))
     failing = cli("doctor", "--json")
     assert failing.code == 0, failing.json
     check = _check(failing, "failing schedules")

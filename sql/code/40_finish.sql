@@ -1,0 +1,200 @@
+-- Finishing runs: the common tail of every transition that ends a run (complete_runs, lease
+-- expiry, a stopped schedule's pending runs, a back-off period), in one place.
+--
+--   _finish_runs(runs)  = _audit_runs   one audit row per run (invariant 4)
+--                       + _settle_runs  the schedule: last_*, and next_run_at moved past the
+--                                       finished slot when it is still on it (invariant 2)
+--
+-- Every caller already holds the row locks of the runs' schedules (taken with SKIP LOCKED, or by
+-- the caller's own UPDATE of the schedule), so nothing here waits on another transaction.
+
+-- Where the next slot cannot be computed (its zone vanished from the tz database after an
+-- upgrade, say), NULL: the caller backs the schedule off instead of failing the whole batch.
+CREATE OR REPLACE FUNCTION dispatch._next_slot(spec dispatch.cron_spec, after timestamptz, tz text)
+RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN dispatch.cron_spec_next(spec, after, tz);
+EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'cannot compute the next slot of % in %: %', spec, tz, SQLERRM;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION dispatch._audit_runs(finished dispatch.runs[])
+RETURNS void
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+    SELECT NULL, s.project_id, 'schedule.run.' || f.status,
+           jsonb_strip_nulls(jsonb_build_object(
+               'scheduleId', f.schedule_id,
+               'requestId', f.request_id,
+               'functionName', s.function_name,
+               'runId', f.id,
+               'scheduledFor', f.scheduled_for,
+               'attempt', f.attempt,
+               'error', f.error))
+    FROM unnest(_audit_runs.finished) f
+    JOIN dispatch.schedules s ON s.id = f.schedule_id
+$$;
+
+-- The schedule side of finished runs, in one statement. `guarded` computes next slots with
+-- dispatch._next_slot (a subtransaction per call, about six times the cost): _settle_runs
+-- asks for it only when the unguarded statement failed.
+CREATE OR REPLACE FUNCTION dispatch._advance_schedules(finished dispatch.runs[], guarded boolean)
+RETURNS TABLE (run_id bigint, advanced boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- the statement's clock: a transaction that began before the slot must not land on it
+    clock constant timestamptz := clock_timestamp();
+BEGIN
+    RETURN QUERY
+    WITH done AS (
+        SELECT * FROM unnest(_advance_schedules.finished)
+    ), latest AS MATERIALIZED (
+        -- per schedule, the latest slot of this batch: what last_* report, what next_run_at
+        -- must move past
+        SELECT DISTINCT ON (d.schedule_id)
+               d.schedule_id, d.scheduled_for, d.status, d.error, coalesce(d.claimed_at, d.finished_at) AS ran_at
+        FROM done d
+        ORDER BY d.schedule_id, d.scheduled_for DESC
+    ), sched AS MATERIALIZED (
+        -- behind: next_run_at is on (or, after a slot marked ahead of the clock, before) a
+        -- finished slot, so it moves; an edit mid-flight that put it later wins. NULL for a
+        -- stopped schedule, which has no next slot.
+        SELECT s.id, s.cron_expression, s.cron_spec, s.timezone,
+               greatest(s.last_slot, l.scheduled_for) AS last_slot,
+               s.next_run_at <= greatest(s.last_slot, l.scheduled_for) AS behind,
+               greatest(s.last_slot, l.scheduled_for, clock) AS after
+        FROM dispatch.schedules s
+        JOIN latest l ON l.schedule_id = s.id
+    ), slots AS MATERIALIZED (
+        -- runs finishing together mostly share expression, zone and start: compute each once
+        -- (MATERIALIZED, or PostgreSQL would inline the call back into every row)
+        SELECT u.cron_spec, u.timezone, u.after,
+               CASE WHEN _advance_schedules.guarded
+                    THEN dispatch._next_slot(u.cron_spec, u.after, u.timezone)
+                    ELSE dispatch.cron_spec_next(u.cron_spec, u.after, u.timezone)
+               END AS next_at
+        FROM (SELECT DISTINCT x.cron_spec, x.timezone, x.after FROM sched x WHERE x.behind) u
+    ), moved AS (
+        UPDATE dispatch.schedules s
+        SET next_run_at = CASE WHEN x.behind THEN coalesce(n.next_at, clock + interval '1 hour')
+                               ELSE s.next_run_at END,
+            backoff_reason = CASE WHEN x.behind IS NOT TRUE THEN s.backoff_reason
+                                  WHEN n.next_at IS NULL
+                                  THEN format('cannot compute the next slot of "%s" in time zone %s (see the server log); trying again every hour',
+                                              x.cron_expression, x.timezone)
+                             END,
+            last_slot = x.last_slot,
+            last_run_at = l.ran_at,
+            last_status = l.status,
+            last_error = l.error
+        FROM sched x
+        JOIN latest l ON l.schedule_id = x.id
+        LEFT JOIN slots n ON x.behind AND n.cron_spec = x.cron_spec AND n.timezone = x.timezone AND n.after = x.after
+        WHERE s.id = x.id
+    )
+    SELECT d.id, coalesce(x.behind, false) FROM done d JOIN sched x ON x.id = d.schedule_id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION dispatch._settle_runs(finished dispatch.runs[])
+RETURNS TABLE (run_id bigint, advanced boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ids bigint[];
+    advances boolean[];
+BEGIN
+    -- Collected into arrays inside the block, returned after it: rows a failed attempt had
+    -- already returned would otherwise stay in the result.
+    BEGIN
+        SELECT array_agg(a.run_id), array_agg(a.advanced) INTO ids, advances
+        FROM dispatch._advance_schedules(_settle_runs.finished, false) a;
+    EXCEPTION WHEN OTHERS THEN
+        SELECT array_agg(a.run_id), array_agg(a.advanced) INTO ids, advances
+        FROM dispatch._advance_schedules(_settle_runs.finished, true) a;
+    END;
+    RETURN QUERY SELECT * FROM unnest(ids, advances);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION dispatch._finish_runs(finished dispatch.runs[])
+RETURNS TABLE (run_id bigint, advanced boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM dispatch._audit_runs(_finish_runs.finished);
+    RETURN QUERY SELECT * FROM dispatch._settle_runs(_finish_runs.finished);
+END
+$$;
+
+-- Pending runs whose schedule stopped end here, never invoked by a later claim: skipped when no
+-- attempt was made, lost when an earlier attempt's lease expired (that one may have run).
+-- wait => true is for the transaction that stops the schedule (its trigger): it waits for a
+-- claim in progress, so that a run claimed before the stop commits stays claimed. Everyone
+-- else passes false and leaves alone what another transaction holds.
+CREATE OR REPLACE FUNCTION dispatch._end_stale_runs(run_ids bigint[], wait boolean)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ids bigint[];
+    ended dispatch.runs[];
+BEGIN
+    IF wait THEN
+        SELECT array_agg(l.id) INTO ids
+        FROM (SELECT r.id
+              FROM dispatch.runs r
+              JOIN dispatch.schedules s ON s.id = r.schedule_id
+              WHERE r.id = ANY (_end_stale_runs.run_ids) AND r.status = 'pending'
+                AND NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+              FOR UPDATE OF r) l;
+    ELSE
+        SELECT array_agg(l.id) INTO ids
+        FROM (SELECT r.id
+              FROM dispatch.runs r
+              JOIN dispatch.schedules s ON s.id = r.schedule_id
+              WHERE r.id = ANY (_end_stale_runs.run_ids) AND r.status = 'pending'
+                AND NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+              FOR UPDATE OF r SKIP LOCKED
+              FOR NO KEY UPDATE OF s SKIP LOCKED) l;
+    END IF;
+    IF ids IS NULL THEN
+        RETURN 0;
+    END IF;
+
+    WITH stale AS (
+        UPDATE dispatch.runs r
+        SET status = CASE WHEN r.attempt > 0 THEN 'lost' ELSE 'skipped' END,
+            finished_at = now(),
+            error = format('schedule %s before the run was %s',
+                           CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
+                                WHEN s.paused_at IS NOT NULL THEN 'paused'
+                                ELSE 'disabled' END,
+                           CASE WHEN r.attempt > 0 THEN 'retried (an earlier attempt may have run)'
+                                ELSE 'claimed' END)
+        FROM dispatch.schedules s
+        WHERE r.id = ANY (ids) AND s.id = r.schedule_id
+        RETURNING r
+    )
+    SELECT array_agg(k.r) INTO ended FROM stale k;
+    PERFORM dispatch._finish_runs(ended);
+    RETURN cardinality(ended);
+END
+$$;

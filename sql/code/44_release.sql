@@ -1,0 +1,40 @@
+-- dispatch.release_runs: running -> pending for runs a listener claimed and never invoked.
+
+CREATE OR REPLACE FUNCTION dispatch.release_runs(worker text, run_ids bigint[], attempts integer[])
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    taken bigint[];
+    released integer;
+BEGIN
+    IF cardinality(release_runs.attempts) IS DISTINCT FROM cardinality(release_runs.run_ids) THEN
+        RAISE EXCEPTION 'run_ids and attempts must have one element per run'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Fenced like complete_runs: only while the run is running with the attempt given.
+    SELECT array_agg(l.id) INTO taken
+    FROM (SELECT x.id
+          FROM dispatch.runs x
+          JOIN unnest(release_runs.run_ids, release_runs.attempts) AS i(id, attempt)
+            ON x.id = i.id AND x.attempt = i.attempt
+          WHERE x.status = 'running'
+          FOR UPDATE OF x SKIP LOCKED) l;
+
+    UPDATE dispatch.runs x
+    SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
+        attempt = x.attempt - 1
+    WHERE x.id = ANY (taken);
+    GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        -- A run whose schedule stopped meanwhile goes no further than pending.
+        PERFORM dispatch._end_stale_runs(taken, wait => false);
+        PERFORM pg_notify('dispatch', 'released');
+    END IF;
+    RETURN released;
+END
+$$;
+COMMENT ON FUNCTION dispatch.release_runs(text, bigint[], integer[]) IS
+    'Hand runs that were claimed but never invoked back to pending, giving back the attempt; only runs still running with the attempt given (worker is informational). A run whose schedule has stopped ends skipped instead. Returns how many were handed back. Used by a listener that shuts down.';

@@ -1,0 +1,68 @@
+-- Views for DBAs: what each schedule is doing, what failed, which listeners are connected.
+
+CREATE OR REPLACE VIEW dispatch.schedule_status AS
+SELECT s.id,
+       s.project_id,
+       s.function_name,
+       s.cron_expression,
+       s.timezone,
+       s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL AS live,
+       s.next_run_at,
+       s.last_run_at,
+       s.last_status,
+       s.last_error,
+       open.status AS current_run_status,
+       coalesce(fails.n, 0) AS consecutive_failures,
+       CASE WHEN s.next_run_at < now() THEN now() - s.next_run_at END AS overdue_by,
+       s.paused_at,
+       s.paused_by,
+       s.paused_reason,
+       s.backoff_reason
+FROM dispatch.schedules s
+LEFT JOIN LATERAL (
+    SELECT r.status FROM dispatch.runs r
+    WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
+) open ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) AS n FROM dispatch.runs r
+    WHERE r.schedule_id = s.id AND r.status IN ('error', 'lost')
+      AND r.scheduled_for > coalesce((SELECT max(ok.scheduled_for) FROM dispatch.runs ok
+                                      WHERE ok.schedule_id = s.id AND ok.status = 'ok'), '-infinity')
+) fails ON true
+WHERE s.deleted_at IS NULL;
+COMMENT ON VIEW dispatch.schedule_status IS
+    'One row per schedule that is not deleted: next and last run, the run in flight if any, failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, and why it is backing off (its next slot cannot be computed).';
+
+CREATE OR REPLACE VIEW dispatch.recent_failures AS
+SELECT r.finished_at,
+       s.project_id,
+       s.function_name,
+       r.schedule_id,
+       r.id AS run_id,
+       r.scheduled_for,
+       r.status,
+       r.attempt,
+       r.http_status,
+       r.error,
+       r.request_id
+FROM dispatch.runs r
+JOIN dispatch.schedules s ON s.id = r.schedule_id
+WHERE r.status IN ('error', 'lost')
+  AND r.finished_at > now() - interval '24 hours'
+ORDER BY r.finished_at DESC;
+COMMENT ON VIEW dispatch.recent_failures IS 'Runs that ended error or lost in the last 24 hours, newest first.';
+
+CREATE OR REPLACE VIEW dispatch.listeners AS
+SELECT a.pid,
+       a.application_name,
+       nullif(substr(a.application_name, length('pgdispatch ') + 1), '') AS worker,
+       a.client_addr,
+       a.backend_start,
+       a.state,
+       a.state_change,
+       a.query LIKE 'LISTEN%' AS listening
+FROM pg_catalog.pg_stat_activity a
+WHERE a.datname = current_database()
+  AND a.application_name LIKE 'pgdispatch%';
+COMMENT ON VIEW dispatch.listeners IS
+    'Listener connections to this database, found by application_name ''pgdispatch <worker id>''; listening marks each one''s LISTEN session.';

@@ -1,0 +1,82 @@
+-- Least privilege: three NOLOGIN group roles that a DBA grants to login roles, e.g.
+--   CREATE ROLE dispatcher_host_1 LOGIN PASSWORD '…' IN ROLE dispatch_listener;
+-- Roles belong to the cluster, so an install in a second database finds them already there.
+-- Everything that writes dispatch tables on a role's behalf is a SECURITY DEFINER function
+-- (owned by the installing role) with a pinned search_path; nothing else reaches the tables.
+--
+-- Applied last by every install, after every function was (re)created: what is granted is
+-- exactly what this file says, whatever an earlier version or a DBA granted before.
+
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['dispatch_listener', 'dispatch_reader', 'dispatch_admin'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) r) THEN
+            EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', r);
+        END IF;
+    END LOOP;
+END
+$$;
+COMMENT ON ROLE dispatch_listener IS 'pgdispatch listeners: tick, claim, complete and release runs through dispatch functions; no direct table writes.';
+COMMENT ON ROLE dispatch_reader IS 'pgdispatch read-only: SELECT on dispatch tables and views.';
+COMMENT ON ROLE dispatch_admin IS 'pgdispatch administrators: write schedule definitions and dispatch.settings, pause and resume, prune; read everything.';
+
+REVOKE ALL ON SCHEMA dispatch FROM PUBLIC, dispatch_listener, dispatch_reader, dispatch_admin;
+REVOKE ALL ON ALL TABLES IN SCHEMA dispatch FROM PUBLIC, dispatch_listener, dispatch_reader, dispatch_admin;
+REVOKE ALL ON ALL ROUTINES IN SCHEMA dispatch FROM PUBLIC, dispatch_listener, dispatch_reader, dispatch_admin;
+GRANT USAGE ON SCHEMA dispatch TO dispatch_listener, dispatch_reader, dispatch_admin;
+
+-- The cron engine is pure computation: anyone with the schema may use it (the write trigger
+-- runs it as whoever writes a schedule).
+GRANT EXECUTE ON FUNCTION
+    dispatch.cron_parse(text),
+    dispatch.cron_spec_next(dispatch.cron_spec, timestamptz, text),
+    dispatch.cron_next(text, timestamptz, text),
+    dispatch.cron_is_valid(text),
+    dispatch.check_timezone(text),
+    dispatch._cron_error(text, text, text),
+    dispatch._cron_value(text, text, text, integer, integer),
+    dispatch._next_bit(bigint, integer),
+    dispatch._cron_days(dispatch.cron_spec, integer, integer, integer),
+    dispatch._cron_match_from(dispatch.cron_spec, timestamp),
+    dispatch._tz_transition(timestamptz, timestamptz, text),
+    dispatch._timezone_names()
+TO dispatch_listener, dispatch_reader, dispatch_admin;
+
+GRANT EXECUTE ON FUNCTION
+    dispatch.tick(timestamptz),
+    dispatch.claim_runs(text, integer, interval),
+    dispatch.complete_runs(text, bigint[], integer[], text[], text[], integer[], integer[]),
+    dispatch.release_runs(text, bigint[], integer[]),
+    dispatch.next_due_at(),
+    dispatch.next_due_after(timestamptz)
+TO dispatch_listener;
+GRANT EXECUTE ON PROCEDURE
+    dispatch.complete_run(bigint, text, integer, text, text, integer, integer, boolean, boolean, boolean)
+TO dispatch_listener;
+
+GRANT SELECT ON ALL TABLES IN SCHEMA dispatch TO dispatch_reader;
+
+-- An administrator writes the definition of a schedule, never what the system derives from it
+-- (cron_spec, next_run_at, last_*, backoff_reason) nor the pause columns, which
+-- dispatch.pause() and dispatch.resume() set with the actor (invariant 5). A DELETE becomes the
+-- soft delete (invariant 4).
+GRANT dispatch_reader TO dispatch_admin;
+GRANT INSERT (id, project_id, function_name, cron_expression, timezone, args, enabled, max_attempts)
+    ON dispatch.schedules TO dispatch_admin;
+GRANT UPDATE (project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, max_attempts)
+    ON dispatch.schedules TO dispatch_admin;
+GRANT DELETE ON dispatch.schedules TO dispatch_admin;
+GRANT UPDATE ON dispatch.settings TO dispatch_admin;
+GRANT EXECUTE ON FUNCTION
+    dispatch.refresh_timezones(),
+    dispatch._prune_runs(bigint, bigint),
+    dispatch._prune_audit(bigint, bigint),
+    dispatch.tick(timestamptz),
+    dispatch.next_due_at(),
+    dispatch.next_due_after(timestamptz),
+    dispatch.pause(uuid, text),
+    dispatch.resume(uuid)
+TO dispatch_admin;
+GRANT EXECUTE ON PROCEDURE dispatch.prune(bigint, bigint) TO dispatch_admin;
