@@ -8,7 +8,8 @@ Runs, each in its own process and printing its own detail: bench.cron_next, benc
 bench.complete_pgbench (the database alone, 50,000 runs), bench.finish_cost (what each part of
 finishing a run costs the database), bench.dispatch (10,000 and 50,000
 due at once, one and two listeners, against a bare aiohttp loop and the listener's own HTTP
-stack, nginx sink, py-spy profile) and bench.memory (1,000 invocations in flight). --quick
+stack, nginx sink, py-spy profile), bench.memory (1,000 invocations in flight) and bench.prune
+(a backlog of 100,000 and 400,000 old runs: cost per row pruned). --quick
 shrinks every size for a smoke run; its figures are not the README's.
 """
 
@@ -32,6 +33,7 @@ FULL = [
     ("bench.finish_cost", []),
     ("bench.dispatch", ["--runs", "10000,50000", "--listeners", "1,2", "--rounds", "3", "--profile"]),
     ("bench.memory", []),
+    ("bench.prune", []),
 ]
 QUICK = [
     ("bench.cron_next", ["--calls", "2000"]),
@@ -42,6 +44,7 @@ QUICK = [
     ("bench.dispatch",
      ["--runs", "2000", "--listeners", "1,2", "--rounds", "1", "--single", "3", "--profile"]),
     ("bench.memory", ["--runs", "200"]),
+    ("bench.prune", ["--backlogs", "5000,20000"]),
 ]
 
 
@@ -110,6 +113,9 @@ def table(f: dict[str, Any], sizes: list[int], listener_counts: list[int]) -> li
         f"| Listener RSS, {f['rss_in_flight']:,} invocations in flight | {f['rss_in_flight_mb']:.1f} MB "
         f"| ≤ 150 MB: {verdict(f['rss_peak_mb'] <= 150)} | idle {f['rss_idle_mb']:.1f} MB, "
         f"peak {f['rss_peak_mb']:.1f} MB |",
+        f"| `dispatch.prune()`, {f['prune_backlog_small']:,} → {f['prune_backlog_large']:,} old runs and"
+        f" as many audit rows | {f['prune_us_small']:.1f} → {f['prune_us_large']:.1f} µs a row"
+        f" | flat (within 1.5 times): {verdict(f['prune_us_large'] <= 1.5 * f['prune_us_small'])} | |",
         f"| `dispatch.cron_next` | {f['cron_next_us']:.1f} µs a call | within 3 times croniter: "
         f"{verdict(f['cron_next_us'] <= 3 * f['croniter_us'])} "
         f"| {f['croniter_us'] / f['cron_next_us']:.1f} times croniter's speed ({f['croniter_us']:.1f} µs) |",

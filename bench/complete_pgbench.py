@@ -8,7 +8,7 @@ and no Python in the way, does per script execution what a listener does per bat
 in the same two round trips:
 
     1. SELECT ... FROM dispatch.claim_runs(worker, B, '60 seconds')      -- \\gset the ids
-    2. SELECT count(*) FROM dispatch.complete_runs(worker, ids, 'ok' x B, NULL x B, 200 x B, 5 x B)
+    2. SELECT count(*) FROM dispatch.complete_runs(worker, ids, attempts, 'ok' x B, NULL x B, 200 x B, 5 x B)
 
 Each statement is its own (autocommit) transaction, as in the listener (dispatcher/database.py:
 every call is one statement in autocommit mode; claims and completions are separate calls,
@@ -70,10 +70,11 @@ LEASE = "60 seconds"
 
 # One pgbench script execution = one listener batch: claim (transaction 1), complete (transaction 2).
 SCRIPT = """\
-SELECT coalesce(array_agg(run_id), '{}') AS ids, count(*) AS n \
+SELECT coalesce(array_agg(run_id), '{}') AS ids, coalesce(array_agg(attempt), '{}') AS attempts, \
+count(*) AS n \
 FROM dispatch.claim_runs(concat('bench-', :client_id::int), :batch::int, :lease::interval) \\gset
 SELECT count(*) FROM dispatch.complete_runs(concat('bench-', :client_id::int), :ids::bigint[], \
-array_fill('ok'::text, ARRAY[:n::int]), array_fill(NULL::text, ARRAY[:n::int]), \
+:attempts::integer[], array_fill('ok'::text, ARRAY[:n::int]), array_fill(NULL::text, ARRAY[:n::int]), \
 array_fill(200, ARRAY[:n::int]), array_fill(5, ARRAY[:n::int]));
 """
 

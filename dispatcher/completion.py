@@ -203,7 +203,9 @@ class Completer:
             self._retrying = asyncio.create_task(self._retry(), name="pgdispatch-completion-retry")
 
     async def _retry(self) -> None:
-        backoff = Backoff()
+        # Capped at a second: a write that failed is retried soon after the database (or the
+        # row a DBA held) is back, well within the lease margin.
+        backoff = Backoff(max_s=1.0)
         while self._deferred:
             await asyncio.sleep(backoff.next_delay())
             for run_id, (run, outcome, busy) in list(self._deferred.items()):

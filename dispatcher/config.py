@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import socket
 import string
 from collections.abc import Mapping
@@ -97,7 +98,9 @@ _BY_NAME = {option.name: option for option in OPTIONS}
 
 
 def _default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    # Unique per process start, even in containers (pid 1, a reused hostname): the worker id is
+    # informational (logs, dispatch.runs.worker); the fence against a late outcome is the attempt.
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 @dataclass(frozen=True, kw_only=True)

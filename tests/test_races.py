@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -335,6 +336,8 @@ def test_a_zone_dropped_from_tzdata_records_one_skipped_run_per_hour_and_never_i
     reason = ('cannot compute the next slot of "*/5 * * * *" in time zone Gone/Away (see the server log);'
               " trying again every hour")
     backoff_at = scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (sid,))
+    first_wait = scalar(db, "SELECT %s - clock_timestamp()", (backoff_at,))
+    assert first_wait.total_seconds() == pytest.approx(3600, abs=10)
 
     # Each back-off instant (reached here by moving the marking horizon, not by waiting an hour)
     # records one skipped run and backs off again; nothing is ever pending or claimed.
@@ -348,8 +351,7 @@ def test_a_zone_dropped_from_tzdata_records_one_skipped_run_per_hour_and_never_i
         assert audit_actions(db, skipped[0]) == ["schedule.run.skipped"]
         assert claim(listener, "w") == []
         following = scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (sid,))
-        assert scalar(db, "SELECT %s - clock_timestamp()", (following,)).total_seconds() == pytest.approx(
-            3600, abs=10)
+        assert following - backoff_at == timedelta(hours=1)  # one period after the instant recorded
         backoff_at = following
 
     drop_zone(db, sid, "UTC")  # the zone is back (tzdata downgraded, or the DBA fixed it)
@@ -451,3 +453,19 @@ def test_the_schedule_audit_trigger_fires_only_for_definition_columns(db: psycop
     definition = ["project_id", "function_name", "cron_expression", "timezone", "args", "enabled",
                   "deleted_at", "paused_at", "max_attempts"]
     assert columns == (sorted(definition),)
+
+
+def test_a_back_off_after_a_slot_marked_ahead_of_the_clock_stays_after_that_slot(
+    db: psycopg.Connection, system: System
+) -> None:
+    """The back-off is an hour after the later of the clock and the last finished slot: an hour
+    after the clock alone would land before a slot a backfill marked days ahead (invariant 2)."""
+    sid = add_schedule(db, "0 9 1 1 *")  # months ahead, but for one hour a year
+    slot = scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (sid,))
+    assert scalar(db, "SELECT dispatch.tick(%s)", (slot,)) == 1
+    listener = system()
+    (run,) = claim(listener, "w")
+    drop_zone(db, sid, "Gone/Away")
+    assert complete(listener, run, "w", "ok") == (True, True, False)
+    assert scalar(db, "SELECT next_run_at - last_slot FROM dispatch.schedules WHERE id = %s",
+                  (sid,)) == timedelta(hours=1)

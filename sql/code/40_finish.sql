@@ -87,7 +87,8 @@ BEGIN
         FROM (SELECT DISTINCT x.cron_spec, x.timezone, x.after FROM sched x WHERE x.behind) u
     ), moved AS (
         UPDATE dispatch.schedules s
-        SET next_run_at = CASE WHEN x.behind THEN coalesce(n.next_at, clock + interval '1 hour')
+        -- backing off: an hour after the later of the clock and the last finished slot
+        SET next_run_at = CASE WHEN x.behind THEN coalesce(n.next_at, x.after + interval '1 hour')
                                ELSE s.next_run_at END,
             backoff_reason = CASE WHEN x.behind IS NOT TRUE THEN s.backoff_reason
                                   WHEN n.next_at IS NULL
@@ -137,6 +138,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF coalesce(cardinality(_finish_runs.finished), 0) = 0 THEN
+        RETURN;
+    END IF;
     PERFORM dispatch._audit_runs(_finish_runs.finished);
     RETURN QUERY SELECT * FROM dispatch._settle_runs(_finish_runs.finished);
 END

@@ -74,7 +74,7 @@ BEGIN
             UPDATE dispatch.schedules SET next_run_at = next_at WHERE id = s.id;
         EXCEPTION WHEN OTHERS THEN
             UPDATE dispatch.schedules
-            SET next_run_at = clock_timestamp() + interval '1 hour',
+            SET next_run_at = greatest(s.last_slot, clock_timestamp()) + interval '1 hour',
                 backoff_reason = format('cannot compute the next slot of "%s" in time zone %s: %s',
                                      s.cron_expression, s.timezone, SQLERRM)
             WHERE id = s.id;

@@ -24,8 +24,10 @@ def test_defaults() -> None:
     assert settings.listen_database_url == URL
     assert (settings.concurrency, settings.timeout_s, settings.lease_s) == (64, 30.0, 60.0)
     assert (settings.sweep_interval_s, settings.grace_s, settings.signing_secret) == (10.0, 25.0, None)
-    host, _, pid = settings.worker_id.rpartition(":")
-    assert host and pid.isdigit()
+    host, pid, suffix = settings.worker_id.rsplit(":", 2)
+    assert host and pid.isdigit() and len(suffix) == 6
+    again = load_settings({}, {"PGDISPATCH_DATABASE_URL": URL, "PGDISPATCH_INVOKE_URL": INVOKE})
+    assert again.worker_id != settings.worker_id  # unique per process start, even as pid 1 in a container
     assert settings.application_name == f"pgdispatch {settings.worker_id}"
 
 

@@ -155,6 +155,32 @@ async def test_outcomes_are_recorded_with_their_error(
                      ("missing", "HTTP 404: <html><body><h1>Not Found</h1></body></html>")]
 
 
+async def test_an_outcome_whose_schedule_a_dba_holds_is_kept_and_recorded_once_it_is_free(
+    db: psycopg.Connection, connect: Callable[..., psycopg.Connection], adb: psycopg.AsyncConnection[Any],
+    sink: Sink, start_listener: StartListener, caplog: Any,
+) -> None:
+    """Invariant 3 seen from the listener: a transaction left open on one schedule delays the
+    recording of that schedule's run only; the function is not called again."""
+    caplog.set_level(logging.INFO)
+    add_schedules(db, 2)
+    held, free = (str(r[0]) for r in db.execute("SELECT id FROM dispatch.schedules ORDER BY id"))
+    assert mark_all_due(db) == 2
+    dba = connect(autocommit=False)
+    dba.execute("UPDATE dispatch.schedules SET args = '{\"edited\": true}' WHERE id = %s", (held,))
+    await start_listener()
+
+    status = "SELECT status FROM dispatch.runs WHERE schedule_id = %s"
+    await until(lambda: scalar(adb, status, (free,)), what="the free schedule's run to be recorded")
+    await until(lambda: [r for r in caplog.records if getattr(r, "event", None) == "completion_deferred"
+                         and getattr(r, "busy", False)], what="the held one's outcome kept")
+    assert await scalar(adb, status, (held,)) == "running"
+    dba.commit()
+    recorded = "SELECT status = 'ok' FROM dispatch.runs WHERE schedule_id = %s"
+    await until(lambda: scalar(adb, recorded, (held,)), what="the held outcome recorded once it was free")
+    assert len(sink.calls) == 2
+    assert await scalar(adb, "SELECT count(*) FROM dispatch.audit_log WHERE action = 'schedule.run.ok'") == 2
+
+
 async def test_a_claim_in_progress_at_shutdown_is_handed_back_unstarted(
     db: psycopg.Connection, connect: Callable[..., psycopg.Connection], adb: psycopg.AsyncConnection[Any],
     sink: Sink, start_listener: StartListener, caplog: Any,

@@ -1,0 +1,356 @@
+"""A random walk over everything listeners, pg_cron and DBAs do to the SQL core: tick, claim,
+complete, release, leases that expire, definition edits, disable, pause, delete, a zone dropped
+from tzdata, and transactions left open in psql (an edit, a tick). Several real sessions, with
+the roles a deployment gives them; the invariants of DESIGN.md are checked after every step.
+
+CI runs a fixed seed (derandomized). A long walk by hand:
+
+    PGDISPATCH_STATEFUL_EXAMPLES=2000 scripts/test tests/test_stateful.py -s
+
+It prints how many steps ran."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from psycopg import errors
+
+EXPRESSIONS = ["* * * * *", "*/2 * * * *", "*/5 * * * *", "0 * * * *", "30 9 * * *"]
+ZONES = ["UTC", "Europe/Berlin", "Asia/Kolkata"]
+EXAMPLES = int(os.environ.get("PGDISPATCH_STATEFUL_EXAMPLES", "120"))
+# The CI walk is always the same (derandomized); a long walk by hand explores new ones.
+FIXED_SEED = "PGDISPATCH_STATEFUL_EXAMPLES" not in os.environ
+STEPS_PER_EXAMPLE = 50
+# A session standing for the system, or the administrator, that waited on a lock would fail
+# the walk instead of hanging it: invariant 3.
+NO_WAIT = "SET lock_timeout = '5s'"
+
+
+@dataclass(frozen=True)
+class Claim:
+    run_id: int
+    schedule_id: str
+    attempt: int
+    lease_until: datetime
+
+
+@dataclass
+class Sessions:
+    clock: psycopg.Connection  # superuser: moves the marking horizon, drops zones, observes
+    listeners: list[psycopg.Connection]  # role dispatch_listener
+    admin: psycopg.Connection  # role dispatch_admin
+    dba: psycopg.Connection  # superuser, not autocommit: leaves transactions open
+
+
+def one(conn: psycopg.Connection, sql: str, params: Any = None) -> Any:
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+class DispatchWalk(RuleBasedStateMachine):
+    sessions: ClassVar[Sessions]
+    steps: ClassVar[int] = 0
+    seen_outcomes: ClassVar[Counter[str]] = Counter()  # what the walks reached, to show they reach it
+
+    def __init__(self) -> None:
+        super().__init__()
+        s = self.sessions
+        s.dba.rollback()
+        s.clock.execute("TRUNCATE dispatch.runs, dispatch.audit_log, dispatch.schedules")
+        self.horizon: datetime = one(s.clock, "SELECT date_trunc('minute', now())")
+        self.schedules: list[str] = []
+        self.gone_zone: set[str] = set()
+        self.claims: list[list[Claim]] = [[] for _ in s.listeners]
+        self.seen: set[tuple[int, int]] = set()
+        self.runs_count = 0
+        self.last_seen_run = 0
+        self.dba_open: str | None = None  # "edit" or "tick"
+        self.dba_holds: str | None = None  # the schedule an open edit holds
+
+    def step(self) -> None:
+        DispatchWalk.steps += 1
+
+    def pick(self, index: int) -> str:
+        return self.schedules[index % len(self.schedules)]
+
+    # -- the system ---------------------------------------------------------------------------
+
+    @rule()
+    def time_passes(self) -> None:
+        """The marking horizon moves a minute (leases expire by the real clock meanwhile)."""
+        self.step()
+        self.horizon += timedelta(minutes=1)
+        self.sessions.clock.execute("SELECT dispatch.tick(%s)", (self.horizon,))
+
+    @rule()
+    def an_hour_passes(self) -> None:
+        self.step()
+        self.horizon += timedelta(hours=1)
+        self.sessions.clock.execute("SELECT dispatch.tick(%s)", (self.horizon,))
+
+    @rule(i=st.integers(0, 1))
+    def listener_ticks(self, i: int) -> None:
+        self.step()
+        self.sessions.listeners[i].execute("SELECT dispatch.tick()")
+
+    @rule(i=st.integers(0, 1), n=st.integers(1, 4), short_lease=st.booleans())
+    def listener_claims(self, i: int, n: int, short_lease: bool) -> None:
+        self.step()
+        s = self.sessions
+        rows = s.listeners[i].execute(
+            "SELECT run_id, schedule_id, attempt, lease_until FROM dispatch.claim_runs(%s, %s, %s::interval)",
+            (f"w{i}", n, "1 millisecond" if short_lease else "1 hour")).fetchall()
+        now = one(s.clock, "SELECT clock_timestamp()")
+        for run_id, schedule_id, attempt, lease_until in rows:
+            # Invariant 1: each (run, attempt) is handed out once, and only when every earlier
+            # holder's lease has passed.
+            assert (run_id, attempt) not in self.seen
+            self.seen.add((run_id, attempt))
+            for held in (c for claims in self.claims for c in claims if c.run_id == run_id):
+                assert held.lease_until < now, f"run {run_id} handed out while attempt {held.attempt} has it"
+            # Never a run of a stopped schedule (DESIGN, Delivery): live as committed now.
+            assert one(s.clock, "SELECT enabled AND deleted_at IS NULL AND paused_at IS NULL"
+                                " FROM dispatch.schedules WHERE id = %s", (schedule_id,)), run_id
+            self.claims[i].append(Claim(run_id, str(schedule_id), attempt, lease_until))
+
+    @precondition(lambda self: any(self.claims))
+    @rule(i=st.integers(0, 1), pick=st.integers(0, 99), ok=st.booleans())
+    def listener_completes(self, i: int, pick: int, ok: bool) -> None:
+        self.step()
+        claims = self.claims[i] or self.claims[1 - i]
+        i = i if self.claims[i] else 1 - i
+        c = claims.pop(pick % len(claims))
+        s = self.sessions
+        recorded, _, busy = s.listeners[i].execute(
+            "CALL dispatch.complete_run(%s, %s, %s, %s, %s)",
+            (c.run_id, f"w{i}", c.attempt, "ok" if ok else "error", None if ok else "boom")).fetchone()  # type: ignore[misc]
+        status, attempt = s.clock.execute(
+            "SELECT status, attempt FROM dispatch.runs WHERE id = %s", (c.run_id,)).fetchone()  # type: ignore[misc]
+        DispatchWalk.seen_outcomes["busy" if busy else "recorded" if recorded else "fenced"] += 1
+        if busy:
+            assert self.dba_open is not None, "busy with no other transaction open"
+            assert (status, attempt) == ("running", c.attempt)
+            claims.append(c)  # the listener keeps the outcome and tries again
+        elif recorded:
+            assert (status, attempt) == ("ok" if ok else "error", c.attempt)
+        else:  # fenced out: the run moved on without this attempt
+            assert (status, attempt) != ("running", c.attempt)
+
+    @precondition(lambda self: any(self.claims))
+    @rule(i=st.integers(0, 1), pick=st.integers(0, 99))
+    def listener_releases(self, i: int, pick: int) -> None:
+        self.step()
+        i = i if self.claims[i] else 1 - i
+        c = self.claims[i].pop(pick % len(self.claims[i]))
+        s = self.sessions
+        released = one(s.listeners[i], "SELECT dispatch.release_runs(%s, %s, %s)",
+                       (f"w{i}", [c.run_id], [c.attempt]))
+        status, attempt = s.clock.execute(
+            "SELECT status, attempt FROM dispatch.runs WHERE id = %s", (c.run_id,)).fetchone()  # type: ignore[misc]
+        if released:  # handed back uninvoked: the attempt is given back, and may be issued again
+            assert attempt == c.attempt - 1
+            assert status in ("pending", "skipped", "lost")
+            self.seen.discard((c.run_id, c.attempt))
+
+    # -- administrators -----------------------------------------------------------------------
+
+    def admin_may_write(self) -> bool:
+        return self.dba_open != "tick"
+
+    @precondition(lambda self: len(self.schedules) < 6 and self.admin_may_write())
+    @rule(expr=st.sampled_from(EXPRESSIONS), zone=st.sampled_from(ZONES), attempts=st.integers(1, 3))
+    def admin_adds(self, expr: str, zone: str, attempts: int) -> None:
+        self.step()
+        self.schedules.append(str(one(
+            self.sessions.admin,
+            "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, timezone,"
+            " max_attempts) VALUES ('walk', 'fn', %s, %s, %s) RETURNING id", (expr, zone, attempts))))
+
+    @precondition(lambda self: self.schedules and self.admin_may_write())
+    @rule(pick=st.integers(0, 99), change=st.sampled_from(
+        ["cron", "args", "attempts", "disable", "enable", "pause", "resume", "delete"]),
+        expr=st.sampled_from(EXPRESSIONS))
+    def admin_changes(self, pick: int, change: str, expr: str) -> None:
+        self.step()
+        sid = self.pick(pick)
+        if sid == self.dba_holds:
+            return  # the DBA's open transaction holds it: the administrator would wait on the DBA
+        update = "UPDATE dispatch.schedules SET {} WHERE id = %s"
+        statement, params = {
+            "cron": (update.format("cron_expression = %s"), (expr, sid)),
+            "args": (update.format("args = jsonb_build_object('n', random())"), (sid,)),
+            "attempts": (update.format("max_attempts = 1 + (max_attempts %% 3)"), (sid,)),
+            "disable": (update.format("enabled = false"), (sid,)),
+            "enable": (update.format("enabled = true"), (sid,)),
+            "pause": ("SELECT dispatch.pause(%s, 'walk')", (sid,)),
+            "resume": ("SELECT dispatch.resume(%s)", (sid,)),
+            "delete": ("DELETE FROM dispatch.schedules WHERE id = %s", (sid,)),
+        }[change]
+        try:
+            self.sessions.admin.execute(statement, params)
+        except errors.InvalidParameterValue:
+            assert sid in self.gone_zone  # a zone gone from tzdata: refused when it must be read
+        except errors.ObjectNotInPrerequisiteState:
+            assert change in ("pause", "resume")  # of a deleted schedule
+            deleted = "SELECT deleted_at IS NOT NULL FROM dispatch.schedules WHERE id = %s"
+            assert one(self.sessions.clock, deleted, (sid,))
+
+    @precondition(lambda self: self.schedules)
+    @rule(pick=st.integers(0, 99), column_value=st.sampled_from(
+        ["next_run_at = NULL", "next_run_at = now()", "last_slot = NULL", "cron_spec = NULL",
+         "paused_at = now()"]))
+    def admin_cannot_write_what_the_system_derives(self, pick: int, column_value: str) -> None:
+        self.step()
+        with pytest.raises(errors.InsufficientPrivilege):  # invariant 5
+            self.sessions.admin.execute(f"UPDATE dispatch.schedules SET {column_value} WHERE id = %s",
+                                        (self.pick(pick),))
+
+    @rule()
+    def listener_cannot_move_time(self) -> None:
+        self.step()
+        with pytest.raises(errors.InsufficientPrivilege):  # invariant 5
+            self.sessions.listeners[0].execute("SELECT dispatch.tick(now() + interval '1 day')")
+
+    # -- a DBA in psql ------------------------------------------------------------------------
+
+    @precondition(lambda self: self.schedules and self.dba_open is None)
+    @rule(pick=st.integers(0, 99), disable=st.booleans())
+    def dba_leaves_an_edit_open(self, pick: int, disable: bool) -> None:
+        self.step()
+        sid = self.pick(pick)
+        self.sessions.dba.execute(
+            "UPDATE dispatch.schedules SET args = '{\"dba\": true}', enabled = enabled AND NOT %s"
+            " WHERE id = %s",
+            (disable, sid))
+        self.dba_open, self.dba_holds = "edit", sid
+
+    @precondition(lambda self: self.dba_open is None)
+    @rule()
+    def dba_leaves_a_tick_open(self) -> None:
+        self.step()
+        self.sessions.dba.execute("SELECT dispatch.tick()")
+        self.dba_open = "tick"
+
+    @precondition(lambda self: self.dba_open is not None)
+    @rule(commit=st.booleans())
+    def dba_ends_the_transaction(self, commit: bool) -> None:
+        self.step()
+        dba = self.sessions.dba
+        dba.commit() if commit else dba.rollback()
+        self.dba_open = self.dba_holds = None
+
+    @precondition(lambda self: self.schedules and self.dba_open is None)
+    @rule(pick=st.integers(0, 99), gone=st.booleans())
+    def tzdata_changes(self, pick: int, gone: bool) -> None:
+        """A tz database upgrade drops the schedule's zone (or a downgrade brings it back)."""
+        self.step()
+        sid = self.pick(pick)
+        clock = self.sessions.clock
+        clock.execute("SET session_replication_role = replica")  # the write path would refuse it
+        clock.execute("UPDATE dispatch.schedules SET timezone = %s WHERE id = %s",
+                      ("Gone/Away" if gone else "UTC", sid))
+        clock.execute("RESET session_replication_role")
+        (self.gone_zone.add if gone else self.gone_zone.discard)(sid)
+
+    # -- what no step may break -----------------------------------------------------------------
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        clock = self.sessions.clock
+        # 2. live <=> a next slot, always later than every finished slot
+        assert clock.execute("""
+            SELECT s.id FROM dispatch.schedules s
+            WHERE (s.next_run_at IS NOT NULL) <> (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+               OR EXISTS (SELECT 1 FROM dispatch.runs r
+                          WHERE r.schedule_id = s.id AND r.status IN ('ok', 'error', 'skipped', 'lost')
+                            AND r.scheduled_for >= s.next_run_at)""").fetchall() == []
+        # 1. a slot is one run; a schedule has at most one open run (overlap 'skip')
+        assert clock.execute("""
+            SELECT schedule_id FROM dispatch.runs GROUP BY schedule_id
+            HAVING count(*) FILTER (WHERE status IN ('pending', 'running')) > 1
+                OR count(*) <> count(DISTINCT scheduled_for)""").fetchall() == []
+        # 4. every finished run has exactly one audit row, an open one none; no run disappears
+        assert clock.execute("""
+            SELECT r.id FROM dispatch.runs r
+            LEFT JOIN dispatch.audit_log a
+              ON a.action LIKE 'schedule.run.%' AND a.metadata->>'runId' = r.id::text
+            GROUP BY r.id, r.status
+            HAVING count(a.id) <> CASE WHEN r.status IN ('pending', 'running') THEN 0 ELSE 1 END
+            """).fetchall() == []
+        runs_count = one(clock, "SELECT count(*) FROM dispatch.runs")
+        for status, error in clock.execute(
+                "SELECT status, left(error, 20) FROM dispatch.runs"
+                " WHERE status IN ('skipped', 'lost') AND id > %s",
+                (self.last_seen_run,)):
+            DispatchWalk.seen_outcomes[f"{status}: {error}"] += 1
+        self.last_seen_run = one(clock, "SELECT coalesce(max(id), 0) FROM dispatch.runs WHERE status NOT IN"
+                                        " ('pending', 'running')")
+        assert runs_count >= self.runs_count
+        self.runs_count = runs_count
+        # 6. a back-off instant (not on a minute) is recorded skipped, never attempted
+        assert clock.execute("""
+            SELECT id FROM dispatch.runs
+            WHERE scheduled_for <> date_trunc('minute', scheduled_for)
+              AND NOT (status = 'skipped' AND attempt = 0)""").fetchall() == []
+
+
+@pytest.fixture
+def sessions(db: psycopg.Connection, connect: Callable[..., psycopg.Connection]) -> Iterator[Sessions]:
+    roles = {"listener": "dispatch_listener", "admin": "dispatch_admin"}
+    for name, group in roles.items():
+        db.execute(f"DROP ROLE IF EXISTS pgdispatch_walk_{name}")
+        db.execute(f"CREATE ROLE pgdispatch_walk_{name} LOGIN IN ROLE {group}")
+    params = db.info.get_parameters()
+    opened: list[psycopg.Connection] = []
+
+    def as_role(name: str) -> psycopg.Connection:
+        conn = psycopg.connect(**{**params, "user": f"pgdispatch_walk_{name}"}, autocommit=True)
+        conn.execute(NO_WAIT)
+        opened.append(conn)
+        return conn
+
+    clock, dba = connect(), connect(autocommit=False)
+    dba.execute(NO_WAIT)
+    dba.commit()
+    try:
+        yield Sessions(clock=clock, listeners=[as_role("listener"), as_role("listener")],
+                       admin=as_role("admin"), dba=dba)
+    finally:
+        dba.rollback()
+        for conn in opened:
+            conn.close()
+        for name in roles:
+            db.execute(f"DROP ROLE pgdispatch_walk_{name}")
+
+
+def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
+    DispatchWalk.sessions = sessions
+    DispatchWalk.steps = 0
+    DispatchWalk.seen_outcomes.clear()
+    run_state_machine_as_test(DispatchWalk, settings=settings(
+        max_examples=EXAMPLES, stateful_step_count=STEPS_PER_EXAMPLE, derandomize=FIXED_SEED,
+        deadline=None, suppress_health_check=list(HealthCheck)))
+    print(f"stateful walk: {DispatchWalk.steps} steps in {EXAMPLES} walks, every invariant held;"
+          f" reached: {dict(sorted(DispatchWalk.seen_outcomes.items()))}")
+    assert DispatchWalk.steps >= EXAMPLES * STEPS_PER_EXAMPLE // 2
+    reached = " ".join(DispatchWalk.seen_outcomes)
+    expected = ["busy", "fenced", "recorded", "skipped: schedule", "skipped: cannot compute", "lost: lease"]
+    for outcome in expected:
+        assert outcome in reached, f"the walks never reached {outcome!r}"
