@@ -45,7 +45,10 @@ def _parser() -> argparse.ArgumentParser:
         help="dispatch due runs over HTTP until SIGTERM/SIGINT",
         description="Claim due runs and POST each to its function. Every option also reads the "
         "environment variable named after it; the flag wins. Exit status: 0 after a clean "
-        "shutdown, 2 for a configuration error.",
+        "shutdown; 2 for a configuration error, including one only the database reveals at start "
+        "(authentication, no such database or role, the dispatch schema missing or too old); 1 when "
+        "the listener cannot go on (a task of its own failed). A database that is down or "
+        "unreachable is waited for.",
     )
     for option in OPTIONS:
         listen_cmd.add_argument(option.flag, dest=option.name, metavar=option.metavar,
@@ -81,8 +84,10 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _listen(args: argparse.Namespace) -> int:
+    from dispatcher.database import DatabaseMisconfigured
     from dispatcher.listener import run_listener
     from dispatcher.logs import configure_logging
+    from dispatcher.supervisor import TaskFailed
 
     try:
         settings = load_settings({option.name: getattr(args, option.name) for option in OPTIONS})
@@ -92,6 +97,12 @@ def _listen(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     try:
         asyncio.run(run_listener(settings))
+    except DatabaseMisconfigured as exc:  # at start: said once, never retried
+        logger.error("cannot start: %s", exc, extra={"event": "configuration_error", "reason": str(exc)})
+        return 2
+    except TaskFailed as exc:  # logged with its traceback when it happened; systemd restarts us
+        logger.error("stopped because %s", exc, extra={"event": "listener_failed", "task": exc.task})
+        return 1
     except Exception:
         logger.exception("listener failed", extra={"event": "listener_crashed"})
         return 1

@@ -1,24 +1,26 @@
 """Recording outcomes: the one place where the listener writes what its invocations did.
 
-Workers hand outcomes over with `submit` and go on invoking; a few writer tasks (at most one per
-pooled connection that claims and ticks leave free) take whatever has queued up, up to BATCH_MAX,
-and record it with one dispatch.complete_runs call (a single run goes through
-dispatch.complete_run). The more outcomes arrive while a batch is being written, the bigger the
-next batch: recording keeps up by batching rather than by making invocations wait. The listener
-still never holds more runs than it can record: a run counts against its claim budget until
-`on_done` reports it recorded (or kept for later).
+Workers hand outcomes over with `submit` and go on invoking; the writer takes whatever has
+queued up, up to BATCH_MAX, and records it with one dispatch.complete_runs call. The more
+outcomes arrive while a batch is being written, the bigger the next batch: recording keeps up
+by batching rather than by making invocations wait. The listener still never holds more runs
+than it can record: a run counts against its claim budget until `on_done` reports it settled.
 
-An outcome that cannot be written (the database is away) is kept in memory and retried until
-the run's lease would have expired; after that the run belongs to whoever claims it next, so
-the outcome is dropped. A run is never invoked again to make up for a lost write. An outcome the
-database answers `busy` for (another transaction, a DBA's left open, holds the run's schedule)
-is retried for as long as it stays busy: the lease cannot expire under that lock either, and
-the attempt fences whatever comes after.
+An outcome that cannot be written now is kept and retried, in batches too, at most a second
+apart and at once when any database call succeeds again:
 
-Logs: `run_finished` is one record per run with its status and duration, at DEBUG for `ok` runs
-and at INFO for the others; every written batch also logs one INFO `runs_finished` record with
-the counts by status and the batch's duration figures, so that a busy listener does not spend
-its time writing one line per run.
+- the database is unavailable: until the run's lease would have expired; after that the run
+  belongs to whoever claims it next, so the outcome is abandoned (logged with its run id). A
+  run is never invoked again to make up for a lost write;
+- the database answered `busy` (another transaction, a DBA's left open, holds the run's
+  schedule): for as long as it stays busy; the lease cannot expire under that lock either, and
+  the attempt fences whatever comes after.
+
+Logs: `run_finished` is one record per run, at DEBUG for `ok` runs and at INFO for the others;
+each written batch logs one INFO `runs_finished` with the counts by status. Deferral is one
+WARNING `completions_deferred` when it starts (and every REPEAT_WARNING_S while it lasts) and
+one INFO `completions_resumed` when everything kept is written; `completion_abandoned` is an
+ERROR per run whose outcome is lost.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import psycopg
 
@@ -38,6 +41,12 @@ from dispatcher.runs import Outcome, Run
 __all__ = ["BATCH_MAX", "Completer"]
 
 logger = logging.getLogger(__name__)
+
+# Outcomes recorded by one dispatch.complete_runs call at most (about 80 us of server time each).
+BATCH_MAX = 250
+RETRY_MAX_S = 1.0
+BUSY_REASON = "another transaction holds the run or its schedule"
+REPEAT_WARNING_S = 10.0
 
 
 def _fields(run: Run, outcome: Outcome) -> dict[str, object]:
@@ -55,55 +64,78 @@ def _fields(run: Run, outcome: Outcome) -> dict[str, object]:
     }
 
 
-# Outcomes recorded by one dispatch.complete_runs call at most (about 80 us of server time each).
-BATCH_MAX = 250
+@dataclass(slots=True)
+class _Kept:
+    run: Run
+    outcome: Outcome
+    busy: bool  # the database answered busy (else: it was unavailable)
 
 
 class Completer:
-    """Writes outcomes with dispatch.complete_runs; keeps and retries the ones that fail to write.
+    """Writes outcomes; keeps and retries the ones that cannot be written now.
 
+    `run()` is the writer and `retry()` the retrier: the listener's supervisor runs both.
     `on_done(n)` is called once n submitted runs are settled: recorded, refused by the database
-    (the run was taken over) or kept for a later retry."""
+    (the run moved on without this attempt) or kept for a later retry. `on_advanced()` when a
+    recorded run moved its schedule on."""
 
-    def __init__(self, db: Database, *, writers: int = 1,
-                 on_advanced: Callable[[], None] = lambda: None,
+    def __init__(self, db: Database, *, on_advanced: Callable[[], None] = lambda: None,
                  on_done: Callable[[int], None] = lambda n: None) -> None:
         self._db = db
         self._on_advanced = on_advanced
         self._on_done = on_done
-        self._writer_count = writers
-        self._writers: list[asyncio.Task[None]] = []
         self._queue: list[tuple[Run, Outcome]] = []
         self._has_work = asyncio.Event()
-        self._writing = 0  # batches being written
+        self._writing = 0
+        self._in_write: list[tuple[Run, Outcome]] = []  # the batch being written
         self._idle = asyncio.Event()  # nothing queued and nothing being written
         self._idle.set()
-        self._deferred: dict[int, tuple[Run, Outcome, bool]] = {}  # run id -> (run, outcome, busy)
-        self._retrying: asyncio.Task[None] | None = None
-        self._settled = asyncio.Event()
+        self._kept: dict[int, _Kept] = {}
+        self._has_kept = asyncio.Event()
+        self._database_back = asyncio.Event()
+        self._settled = asyncio.Event()  # nothing kept
         self._settled.set()
+        self._deferred_since: float | None = None
+        self._warned_at = 0.0
 
     @property
     def deferred(self) -> int:
-        """Outcomes waiting for the database."""
-        return len(self._deferred)
+        """Outcomes kept for a retry."""
+        return len(self._kept)
+
+    @property
+    def queued(self) -> int:
+        """Outcomes submitted and not yet written (nor kept)."""
+        return len(self._queue)
 
     def submit(self, run: Run, outcome: Outcome) -> None:
-        """Queue `outcome` to be recorded (or kept for later if the database is unavailable)."""
-        if not self._writers:
-            self._writers = [asyncio.create_task(self._write_loop(), name=f"pgdispatch-completion-{i}")
-                             for i in range(self._writer_count)]
+        """Queue `outcome` to be recorded (or kept for later if it cannot be written now)."""
         self._queue.append((run, outcome))
         self._idle.clear()
         self._has_work.set()
 
+    def database_is_back(self) -> None:
+        """A database call succeeded: retry what is kept now rather than after the back-off."""
+        if self._kept:
+            self._database_back.set()
+
     async def flush(self, timeout_s: float) -> bool:
-        """Wait up to timeout_s until every submitted outcome is written or deferred."""
+        """Wait up to timeout_s until every submitted outcome is written or kept."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
         return self._idle.is_set()
 
-    async def _write_loop(self) -> None:
+    async def settle(self, timeout_s: float) -> int:
+        """Wait up to timeout_s for kept outcomes to be written; returns how many are left."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._settled.wait()
+        return len(self._kept)
+
+    # -- the writer -------------------------------------------------------------------------
+
+    async def run(self) -> None:
         while True:
             await self._has_work.wait()
             batch = self._queue[:BATCH_MAX]
@@ -113,56 +145,49 @@ class Completer:
             if not batch:
                 continue
             self._writing += 1
+            self._in_write = batch
             try:
-                await self._write_batch(batch)
+                await self._write(batch)
+                self._in_write = []
             finally:
                 self._writing -= 1
                 self._on_done(len(batch))
                 if not self._queue and not self._writing:
                     self._idle.set()
 
-    async def _write_batch(self, items: list[tuple[Run, Outcome]]) -> None:
-        if len(items) == 1:
-            await self._complete_one(*items[0])
-            return
+    async def _write(self, items: Sequence[tuple[Run, Outcome]]) -> bool:
+        """Write a batch, keeping what cannot be written now; True if the database answered."""
         try:
             results = await self._db.complete_many(items)
         except DatabaseUnavailable as exc:
             for run, outcome in items:
-                self._defer(run, outcome, str(exc))
-            return
-        except psycopg.Error:
-            for run, outcome in items:  # find the one that fails; record the others
-                await self._complete_one(run, outcome)
-            return
-        self._report_batch(items, results)
-
-    async def _complete_one(self, run: Run, outcome: Outcome) -> None:
-        try:
-            await self._write(run, outcome)
-        except DatabaseUnavailable as exc:
-            self._defer(run, outcome, str(exc))
-        except psycopg.Error as exc:  # not transient: retrying would fail the same way
-            logger.error(
+                self._keep(run, outcome, busy=False, reason=str(exc))
+            return False
+        except psycopg.Error as exc:
+            if len(items) > 1:  # find the one that fails; record the others
+                for item in items:
+                    await self._write([item])
+                return True
+            run, outcome = items[0]
+            logger.error(  # not transient: retrying would fail the same way
                 "run %s: recording its outcome failed: %s", run.run_id, exc,
                 extra={"event": "completion_failed", **_fields(run, outcome), "reason": str(exc)},
             )
+            self._kept.pop(run.run_id, None)
+            return True
+        self._report(items, results)
+        return True
 
-    async def _write(self, run: Run, outcome: Outcome) -> bool:
-        """Write one outcome; False when the database answered busy (it is deferred again)."""
-        result = await self._db.complete(run, outcome)
-        self._report_batch([(run, outcome)], [result])
-        return not result.busy
-
-    def _report_batch(self, items: list[tuple[Run, Outcome]], results: list[Recorded]) -> None:
+    def _report(self, items: Sequence[tuple[Run, Outcome]], results: Sequence[Recorded]) -> None:
         per_run_debug = logger.isEnabledFor(logging.DEBUG)
         statuses: dict[str, int] = {}
         durations: list[int] = []
         advanced_any = False
         for (run, outcome), (recorded, advanced, busy) in zip(items, results, strict=True):
             if busy:
-                self._defer(run, outcome, "another transaction holds the run or its schedule", busy=True)
+                self._keep(run, outcome, busy=True, reason=BUSY_REASON)
                 continue
+            self._kept.pop(run.run_id, None)
             if not recorded:
                 logger.warning(
                     "run %s: outcome not recorded, this listener no longer holds the run", run.run_id,
@@ -189,58 +214,71 @@ class Completer:
             )
         if advanced_any:
             self._on_advanced()
+        if not self._kept and self._deferred_since is not None:
+            logger.info("outcomes kept for %.1f s are all recorded", time.monotonic() - self._deferred_since,
+                        extra={"event": "completions_resumed",
+                               "deferred_for_s": round(time.monotonic() - self._deferred_since, 1)})
+            self._deferred_since = None
+            self._has_kept.clear()
+            self._settled.set()
 
-    def _defer(self, run: Run, outcome: Outcome, reason: str, *, busy: bool = False) -> None:
-        if run.run_id not in self._deferred:
-            logger.warning(
-                "run %s: cannot record its outcome now, keeping it to retry", run.run_id,
-                extra={"event": "completion_deferred", **_fields(run, outcome), "reason": reason,
-                       "busy": busy, "lease_left_s": round(run.lease_deadline - time.monotonic(), 1)},
-            )
-        self._deferred[run.run_id] = (run, outcome, busy)
+    # -- what cannot be written now ---------------------------------------------------------
+
+    def _keep(self, run: Run, outcome: Outcome, *, busy: bool, reason: str) -> None:
+        self._kept[run.run_id] = _Kept(run, outcome, busy)
         self._settled.clear()
-        if self._retrying is None or self._retrying.done():
-            self._retrying = asyncio.create_task(self._retry(), name="pgdispatch-completion-retry")
+        self._has_kept.set()
+        logger.debug("run %s: outcome kept to retry: %s", run.run_id, reason,
+                     extra={"event": "completion_deferred", **_fields(run, outcome), "busy": busy,
+                            "reason": reason})
+        now = time.monotonic()
+        if self._deferred_since is None or now - self._warned_at >= REPEAT_WARNING_S:
+            self._deferred_since = self._deferred_since or now
+            self._warned_at = now
+            busy_count = sum(1 for kept in self._kept.values() if kept.busy)
+            logger.warning("%d outcomes cannot be recorded now, keeping them to retry: %s", len(self._kept),
+                           reason, extra={"event": "completions_deferred", "count": len(self._kept),
+                                          "busy": busy_count, "reason": reason})
 
-    async def _retry(self) -> None:
-        # Capped at a second: a write that failed is retried soon after the database (or the
-        # row a DBA held) is back, well within the lease margin.
-        backoff = Backoff(max_s=1.0)
-        while self._deferred:
-            await asyncio.sleep(backoff.next_delay())
-            for run_id, (run, outcome, busy) in list(self._deferred.items()):
-                if not busy and time.monotonic() >= run.lease_deadline:
-                    del self._deferred[run_id]
-                    logger.error(
-                        "run %s: lease ended before its outcome could be recorded", run_id,
-                        extra={"event": "completion_abandoned", **_fields(run, outcome)},
-                    )
-                    continue
-                try:
-                    written = await self._write(run, outcome)  # busy: stays deferred
-                except DatabaseUnavailable:
-                    self._deferred[run_id] = (run, outcome, False)
-                    break
-                if written:
-                    del self._deferred[run_id]
-                    backoff.reset()
-        self._settled.set()
+    async def retry(self) -> None:
+        """Retry kept outcomes in batches until none are left; runs as long as the listener does."""
+        backoff = Backoff(initial_s=0.2, max_s=RETRY_MAX_S)
+        while True:
+            await self._has_kept.wait()
+            self._database_back.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(backoff.next_delay()):
+                    await self._database_back.wait()
+            now = time.monotonic()
+            for run_id, kept in list(self._kept.items()):
+                if not kept.busy and now >= kept.run.lease_deadline:
+                    del self._kept[run_id]
+                    self._abandoned(kept.run, kept.outcome,
+                                    "its lease ended before the outcome could be recorded")
+            batch = [(kept.run, kept.outcome) for kept in list(self._kept.values())[:BATCH_MAX]]
+            if not batch:
+                if self._deferred_since is not None:
+                    self._deferred_since = None
+                self._has_kept.clear()
+                self._settled.set()
+                continue
+            before = len(self._kept)
+            if await self._write(batch) and len(self._kept) < before:
+                backoff.reset()  # progress: go on at once with what is left
 
-    async def settle(self, timeout_s: float) -> int:
-        """Wait up to timeout_s for deferred outcomes to be written; returns how many are left."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._settled.wait(), timeout_s)
-        return len(self._deferred)
+    def _abandoned(self, run: Run, outcome: Outcome, why: str) -> None:
+        logger.error("run %s: outcome abandoned: %s", run.run_id, why,
+                     extra={"event": "completion_abandoned", **_fields(run, outcome), "reason": why})
 
-    async def close(self) -> None:
-        """Stop writing and retrying; what is still deferred is dropped (its lease will expire)."""
-        tasks = [*self._writers, *([self._retrying] if self._retrying else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for run, outcome, _ in self._deferred.values():
-            logger.error(
-                "run %s: outcome dropped at shutdown, the database was unavailable", run.run_id,
-                extra={"event": "completion_abandoned", **_fields(run, outcome)},
-            )
-        self._deferred.clear()
+    def abandon_all(self, why: str) -> int:
+        """At shutdown: log every outcome not written (queued, being written when the writer was
+        stopped, or kept) as abandoned; how many."""
+        kept_ids = set(self._kept)
+        items = [*self._queue, *(item for item in self._in_write if item[0].run_id not in kept_ids),
+                 *((kept.run, kept.outcome) for kept in self._kept.values())]
+        self._in_write = []
+        for run, outcome in items:
+            self._abandoned(run, outcome, why)
+        self._queue.clear()
+        self._kept.clear()
+        return len(items)

@@ -1,28 +1,110 @@
-"""The listener's calls into the dispatch schema, over a psycopg_pool connection pool."""
+"""The listener's calls into the dispatch schema, over a psycopg_pool connection pool.
+
+Every connection, pooled or not, detects a silently dead path (no FIN, no RST: a NAT entry that
+expired, a load balancer that failed over) by itself: TCP keepalives and tcp_user_timeout are on
+by default, and a URL may set its own values (`with_liveness`). Every call is also bounded
+(`asyncio.timeout`): a call that gets no answer fails as DatabaseUnavailable, its connection is
+discarded, and the caller retries on a new one.
+
+Errors come in two kinds. DatabaseUnavailable: the database is down, unreachable or slow to
+answer; wait and retry. DatabaseMisconfigured: it answered, and the answer will not change by
+waiting (a wrong password, no such database or role, no pg_hba.conf entry, the dispatch schema
+missing or too old for this listener): say so once and stop.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import psycopg
+import psycopg.conninfo
+from psycopg import errors, pq, waiting
+from psycopg.abc import RV, PQGen
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from dispatcher.runs import Outcome, Run
 
-__all__ = ["Database", "DatabaseUnavailable", "Recorded"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Database",
+    "DatabaseMisconfigured",
+    "DatabaseUnavailable",
+    "LiveConnection",
+    "Recorded",
+    "check_schema",
+    "connect",
+    "with_liveness",
+]
 
-_COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s)"
+# The schema this listener is written for: dispatch.migrations must reach this version.
+SCHEMA_VERSION = 11
+# Liveness defaults for every connection (libpq parameters; a URL that sets one wins): an idle
+# connection whose peer vanished is probed after 5 s and given up after 3 more probes 2 s apart,
+# data unacknowledged for 10 s fails the connection, and a connect attempt gives up after 5 s.
+LIVENESS = {
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+    "connect_timeout": "5",
+}
+# How long a call may take before the database counts as unavailable. A tick may mark a whole
+# hour's stampede (100,000 slots take about 2 s), the rest are small batches.
+CALL_TIMEOUT_S = 5.0
+TICK_TIMEOUT_S = 30.0
+# A pooled connection idle for a while is checked before use (one round trip), within this.
+CHECK_TIMEOUT_S = 2.0
 # How long a call waits for a pooled connection before the database counts as unavailable.
 CONNECTION_WAIT_S = 5.0
 # A pooled connection is checked (an empty query, one round trip) before use only when it has
 # been idle for longer than this: a busy listener would otherwise pay a round trip per call. A
 # connection that broke meanwhile fails its call, which the callers already retry.
 CHECK_AFTER_IDLE_S = 1.0
+_COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s)"
+# What a server (or libpq) says when waiting will not help: the configuration is wrong.
+# Connection failures carry no SQLSTATE, so the message is all there is; an unrecognised
+# failure counts as transient, and the listener waits for the database as before.
+_MISCONFIGURED = (
+    "password authentication failed",
+    "authentication failed for user",
+    "no pg_hba.conf entry",
+    "does not exist",  # database "x" / role "x"
+    "no password supplied",
+    "permission denied for database",
+    "must be superuser or replication role",
+)
+
+
+class LiveConnection(psycopg.AsyncConnection[Any]):
+    """psycopg's connection, except for what a cancelled call does.
+
+    psycopg answers a call cancelled while the server works on it by sending a cancel request
+    and then waiting up to 5 s more for the query to end, to keep the connection usable. Here a
+    cancelled call is a deadline that passed, most likely on a path that died silently: the
+    connection is closed at once instead (the pool then replaces it), so that a dead path costs
+    each call its deadline and nothing more."""
+
+    async def wait(self, gen: PQGen[RV], interval: float = 0.1,
+                   timeout: float | None = None) -> RV:  # noqa: ASYNC109 (psycopg's signature)
+        try:
+            return await waiting.wait_async(gen, self.pgconn.socket, interval=interval, timeout=timeout)
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+            if self.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+                self.pgconn.finish()  # its state is unknown: it is never used again
+            raise
+
+
+def with_liveness(conninfo: str) -> str:
+    """conninfo with the LIVENESS defaults for the parameters it does not set itself."""
+    given = psycopg.conninfo.conninfo_to_dict(conninfo)
+    return psycopg.conninfo.make_conninfo(conninfo, **{k: v for k, v in LIVENESS.items() if k not in given})
 
 
 def _int_array(values: Sequence[int | None]) -> str:
@@ -48,34 +130,123 @@ class Recorded(NamedTuple):
 
 
 class DatabaseUnavailable(Exception):
-    """The database cannot be reached right now; the call may be retried later."""
+    """The database cannot be reached or did not answer in time; the call may be retried later."""
+
+
+class DatabaseMisconfigured(Exception):
+    """The database answered, and waiting will not change the answer: the message says what to fix."""
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def classify(exc: psycopg.Error) -> DatabaseUnavailable | DatabaseMisconfigured:
+    """The domain error for a psycopg error met connecting or calling."""
+    message = _one_line(exc)
+    if isinstance(exc, psycopg.OperationalError) and any(part in message for part in _MISCONFIGURED):
+        return DatabaseMisconfigured(message)
+    if isinstance(exc, errors.InsufficientPrivilege):
+        return DatabaseMisconfigured(f"{message} (grant the login role dispatch_listener)")
+    return DatabaseUnavailable(message)
+
+
+async def connect(conninfo: str, *, application_name: str, timeout_s: float = CALL_TIMEOUT_S
+                  ) -> psycopg.AsyncConnection[Any]:
+    """A direct autocommit session (outside the pool), with the liveness defaults."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await LiveConnection.connect(
+                with_liveness(conninfo), autocommit=True, application_name=application_name)
+    except TimeoutError:
+        raise DatabaseUnavailable(f"no connection within {timeout_s:g} s") from None
+    except psycopg.Error as exc:
+        raise classify(exc) from exc
+
+
+async def check_schema(conn: psycopg.AsyncConnection[Any], *, timeout_s: float = CALL_TIMEOUT_S) -> int:
+    """The database's schema version; DatabaseMisconfigured when it is missing or too old."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            cursor = await conn.execute("SELECT dispatch.schema_version()")
+            row = await cursor.fetchone()
+    except TimeoutError:
+        raise DatabaseUnavailable(f"no answer within {timeout_s:g} s") from None
+    except (errors.InvalidSchemaName, errors.UndefinedFunction) as exc:
+        raise DatabaseMisconfigured(
+            f"database {conn.info.dbname} has no dispatch schema of version {SCHEMA_VERSION} or later"
+            f" ({_one_line(exc)}): install it with psql -f sql/install.sql or pgdispatch install") from exc
+    except psycopg.Error as exc:
+        raise classify(exc) from exc
+    version = int(row[0]) if row and row[0] is not None else 0
+    if version < SCHEMA_VERSION:
+        raise DatabaseMisconfigured(
+            f"database {conn.info.dbname} has dispatch schema version {version}; this listener needs "
+            f"{SCHEMA_VERSION}: upgrade it with psql -f sql/install.sql or pgdispatch install")
+    return version
 
 
 class Database:
     """Claims, completions, releases and ticks. Every call is one statement in autocommit mode,
-    and any connection-level failure surfaces as DatabaseUnavailable."""
+    bounded in time; a connection-level failure surfaces as DatabaseUnavailable (or
+    DatabaseMisconfigured when waiting will not help)."""
 
-    def __init__(self, conninfo: str, *, application_name: str, worker_id: str, lease_s: float,
-                 pool_size: int) -> None:
+    def __init__(self, conninfo: str, *, application_name: str, worker_id: str, pool_size: int,
+                 call_timeout_s: float = CALL_TIMEOUT_S,
+                 on_success: Callable[[], None] = lambda: None) -> None:
+        self._conninfo = conninfo
+        self._application_name = application_name
         self._worker_id = worker_id
-        self._lease_s = lease_s
-        self._lease = timedelta(seconds=lease_s)
-        self._last_used: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
-            weakref.WeakKeyDictionary())
-        self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
-            conninfo,
-            kwargs={"autocommit": True, "application_name": application_name},
-            min_size=pool_size,
-            max_size=pool_size,
+        self._call_timeout_s = call_timeout_s
+        self._on_success = on_success
+        self._pool_size = pool_size
+        self._last_used: weakref.WeakKeyDictionary[LiveConnection, float] = weakref.WeakKeyDictionary()
+        self._failing = False  # a call failed for want of the database since the last one that did not
+        self._closing: set[asyncio.Task[None]] = set()
+        self.pool = self._new_pool()
+
+    def _new_pool(self) -> AsyncConnectionPool[LiveConnection]:
+        return AsyncConnectionPool(
+            with_liveness(self._conninfo),
+            connection_class=LiveConnection,
+            kwargs={"autocommit": True, "application_name": self._application_name},
+            min_size=self._pool_size,
+            max_size=self._pool_size,
             open=False,
             check=self._check_connection,
             name="pgdispatch",
             reconnect_timeout=float("inf"),  # never give up: the listener waits for the database
         )
 
-    async def _check_connection(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def reopen_if_failing(self) -> bool:
+        """After an outage (the LISTEN session is back): if calls were failing, start over with a
+        new pool, whose connections are made at once, and close the old one in the background.
+        psycopg_pool's own reconnection backs off to 4 s, 8 s, ... between attempts, which would
+        keep a listener idle for seconds after the database came back. True if it did."""
+        if not self._failing:
+            return False
+        self._failing = False
+        old, self.pool = self.pool, self._new_pool()
+        await self.pool.open(wait=False)
+        closing = asyncio.create_task(old.close(timeout=CONNECTION_WAIT_S), name="pgdispatch-pool-close")
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+        return True
+
+    async def _check_connection(self, conn: LiveConnection) -> None:
         if time.monotonic() - self._last_used.get(conn, float("-inf")) > CHECK_AFTER_IDLE_S:
-            await AsyncConnectionPool.check_connection(conn)
+            # A failed check makes the pool discard the connection and try another.
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                await AsyncConnectionPool.check_connection(conn)
+
+    async def verify(self) -> int:
+        """Connect once outside the pool and check the schema; the schema version."""
+        conn = await connect(self._conninfo, application_name=self._application_name,
+                             timeout_s=self._call_timeout_s)
+        try:
+            return await check_schema(conn, timeout_s=self._call_timeout_s)
+        finally:
+            await conn.close()
 
     async def open(self) -> None:
         """Start the pool without waiting for it: calls wait for connections as they come up."""
@@ -83,25 +254,41 @@ class Database:
 
     async def close(self) -> None:
         await self.pool.close()
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
-    async def _fetch(self, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    async def _fetch(self, query: str, params: tuple[Any, ...] = (), *, timeout_s: float | None = None
+                     ) -> list[dict[str, Any]]:
+        limit = timeout_s or self._call_timeout_s
         try:
-            async with self.pool.connection(timeout=CONNECTION_WAIT_S) as conn:
-                cursor = conn.cursor(row_factory=dict_row)
-                await cursor.execute(query, params)
-                rows = await cursor.fetchall()
-                self._last_used[conn] = time.monotonic()
-                return rows
-        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as exc:
-            raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
+            # The bound covers waiting for a connection, checking it and the statement: a call on
+            # a path that died silently is cancelled (psycopg then closes that connection).
+            async with asyncio.timeout(limit):
+                async with self.pool.connection(timeout=min(CONNECTION_WAIT_S, limit)) as conn:
+                    cursor = conn.cursor(row_factory=dict_row)
+                    await cursor.execute(query, params)
+                    rows = await cursor.fetchall()
+                    self._last_used[conn] = time.monotonic()
+        except TimeoutError:
+            self._failing = True
+            raise DatabaseUnavailable(f"no answer from the database within {limit:g} s") from None
+        except (PoolTimeout, PoolClosed) as exc:
+            self._failing = True
+            raise DatabaseUnavailable(_one_line(exc)) from exc
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            self._failing = True
+            raise classify(exc) from exc
+        self._failing = False
+        self._on_success()
+        return rows
 
-    async def claim(self, max_runs: int) -> list[Run]:
-        """Claim up to max_runs pending runs for this worker."""
+    async def claim(self, max_runs: int, lease_s: float) -> list[Run]:
+        """Claim up to max_runs pending runs for this worker, leased for lease_s."""
         # The lease counts from the server's clock at claim time; counting it from just before
         # the request makes the local deadline err on the early side.
-        deadline = time.monotonic() + self._lease_s
+        deadline = time.monotonic() + lease_s
         rows = await self._fetch(
-            "SELECT * FROM dispatch.claim_runs(%s, %s, %s)", (self._worker_id, max_runs, self._lease)
+            "SELECT * FROM dispatch.claim_runs(%s, %s, %s)",
+            (self._worker_id, max_runs, timedelta(seconds=lease_s)),
         )
         return [Run.from_row(row, lease_deadline=deadline) for row in rows]
 
@@ -116,9 +303,11 @@ class Database:
         rows = await self._fetch(_COMPLETE, self._complete_params(run, outcome))
         return Recorded(bool(rows[0]["recorded"]), bool(rows[0]["advanced"]), bool(rows[0]["busy"]))
 
-    async def complete_many(self, items: list[tuple[Run, Outcome]]) -> list[Recorded]:
+    async def complete_many(self, items: Sequence[tuple[Run, Outcome]]) -> list[Recorded]:
         """complete() for several runs with dispatch.complete_runs: one statement, one round trip,
         one transaction."""
+        if len(items) == 1:
+            return [await self.complete(*items[0])]
         outcomes = [outcome for _, outcome in items]
         rows = await self._fetch(
             "SELECT run_id, recorded, advanced, busy FROM dispatch.complete_runs("
@@ -149,7 +338,8 @@ class Database:
     async def tick(self) -> tuple[int, datetime]:
         """Mark due runs (and expire leases); returns how many runs were marked and the instant
         the tick marked up to (its now(): every slot at or before it is marked or still open)."""
-        rows = await self._fetch("SELECT dispatch.tick() AS marked, now() AS covered")
+        rows = await self._fetch("SELECT dispatch.tick() AS marked, now() AS covered",
+                                 timeout_s=TICK_TIMEOUT_S)
         return int(rows[0]["marked"]), rows[0]["covered"]
 
     async def seconds_until_due(self, covered: datetime | None) -> float | None:

@@ -48,6 +48,7 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \set name 0011_invariants
 \ir apply_migration.psql
 \ir code/10_cron_engine.sql
+\ir code/15_schema_version.sql
 \ir code/20_timezones.sql
 \ir code/30_schedules.sql
 \ir code/40_finish.sql

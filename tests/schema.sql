@@ -1806,6 +1806,23 @@ COMMENT ON FUNCTION dispatch.resume(schedule_id uuid) IS 'Resume a paused schedu
 
 
 --
+-- Name: schema_version(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.schema_version() RETURNS integer
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$ SELECT max(version) FROM dispatch.migrations $$;
+
+
+--
+-- Name: FUNCTION schema_version(); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.schema_version() IS 'The highest migration applied to this database (dispatch.migrations): listeners refuse to start on a schema older than they need.';
+
+
+--
 -- Name: tick(timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -2709,6 +2726,16 @@ GRANT ALL ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[], attem
 
 REVOKE ALL ON FUNCTION dispatch.resume(schedule_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.resume(schedule_id uuid) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION schema_version(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.schema_version() FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.schema_version() TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.schema_version() TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch.schema_version() TO dispatch_admin;
 
 
 --

@@ -41,7 +41,8 @@ GRANT EXECUTE ON FUNCTION
     dispatch._cron_days(dispatch.cron_spec, integer, integer, integer),
     dispatch._cron_match_from(dispatch.cron_spec, timestamp),
     dispatch._tz_transition(timestamptz, timestamptz, text),
-    dispatch._timezone_names()
+    dispatch._timezone_names(),
+    dispatch.schema_version()
 TO dispatch_listener, dispatch_reader, dispatch_admin;
 
 GRANT EXECUTE ON FUNCTION

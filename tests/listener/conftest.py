@@ -16,6 +16,9 @@ from dispatcher.config import Settings
 from dispatcher.listener import Listener
 
 from .kit import Running, Sink
+from .proxy import proxies
+
+__all__ = ["adb", "dsn", "proxies", "start_listener"]
 
 
 @pytest.fixture

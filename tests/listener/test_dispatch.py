@@ -171,8 +171,8 @@ async def test_an_outcome_whose_schedule_a_dba_holds_is_kept_and_recorded_once_i
 
     status = "SELECT status FROM dispatch.runs WHERE schedule_id = %s"
     await until(lambda: scalar(adb, status, (free,)), what="the free schedule's run to be recorded")
-    await until(lambda: [r for r in caplog.records if getattr(r, "event", None) == "completion_deferred"
-                         and getattr(r, "busy", False)], what="the held one's outcome kept")
+    await until(lambda: [r for r in caplog.records if getattr(r, "event", None) == "completions_deferred"
+                         and getattr(r, "busy", 0) == 1], what="the held one's outcome kept")
     assert await scalar(adb, status, (held,)) == "running"
     dba.commit()
     recorded = "SELECT status = 'ok' FROM dispatch.runs WHERE schedule_id = %s"

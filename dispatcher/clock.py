@@ -1,0 +1,126 @@
+"""The listener's clock: tick when a slot comes due, and sweep every interval whatever happened.
+
+It sleeps until the earliest next_run_at after the instant its last tick covered
+(dispatch.next_due_after, by the database's clock) and calls dispatch.tick() then. Planning
+from the instant covered rather than from now, a slot that comes due between a tick and a
+re-plan is ticked at once, not skipped. Every sweep interval it ticks and has the claimer claim,
+whether or not anything was marked (a NOTIFY may have been lost). A failed tick is retried after
+a back-off with a floor, never in a loop, and said once rather than at every retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from dispatcher.backoff import Backoff
+from dispatcher.database import Database, DatabaseUnavailable
+
+__all__ = ["REPLAN_AFTER_S", "Clock"]
+
+logger = logging.getLogger(__name__)
+
+# A completion that advances a schedule may move the earliest next_run_at: re-read it at most
+# this often rather than once per completion.
+REPLAN_AFTER_S = 0.05
+# While ticks keep failing, say so again at most this often.
+REPEAT_WARNING_S = 30.0
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait for `event` at most timeout_s; True if it was set."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+class Clock:
+    """Calls dispatch.tick() on time. `on_tick(marked, sweep, listened)` follows every successful
+    tick: how many runs it marked, whether it was a sweep, and whether LISTEN was active when it
+    began (a sweep that began before could have missed a NOTIFY sent before the LISTEN)."""
+
+    def __init__(self, db: Database, *, sweep_interval_s: float, listening: Callable[[], bool],
+                 on_tick: Callable[[int, bool, bool], None]) -> None:
+        self._db = db
+        self._interval_s = sweep_interval_s
+        self._listening = listening
+        self._on_tick = on_tick
+        self._replan = asyncio.Event()
+        self._sweep_requested = True
+        self._replan_scheduled = False
+
+    def replan(self) -> None:
+        """Re-read when the next slot is due (a definition changed)."""
+        self._replan.set()
+
+    def replan_soon(self) -> None:
+        """replan(), at most once per REPLAN_AFTER_S (completions advance schedules in bursts)."""
+        if not self._replan_scheduled:
+            self._replan_scheduled = True
+            asyncio.get_running_loop().call_later(REPLAN_AFTER_S, self._replan_now)
+
+    def _replan_now(self) -> None:
+        self._replan_scheduled = False
+        self._replan.set()
+
+    def request_sweep(self) -> None:
+        """Sweep now (after a reconnect: a NOTIFY sent meanwhile is gone)."""
+        self._sweep_requested = True
+        self._replan.set()
+
+    async def run(self) -> None:
+        next_sweep = time.monotonic()
+        not_before = 0.0  # after a failed tick: no tick before this, whatever is due
+        backoff = Backoff(max_s=1.0)  # tick again soon after the database is back
+        failing_since: float | None = None
+        warned_at = 0.0
+        # The instant the last tick marked up to (see the module's docstring).
+        covered: datetime | None = None
+        while True:
+            self._replan.clear()
+            if self._sweep_requested:
+                self._sweep_requested = False
+                next_sweep = time.monotonic()
+            try:
+                due_in = await self._db.seconds_until_due(covered)
+            except DatabaseUnavailable:
+                due_in = None  # the sweep retries; the LISTEN session reports the outage
+            now = time.monotonic()
+            wait = next_sweep - now if due_in is None else min(next_sweep - now, due_in + 0.001)
+            wait = max(wait, not_before - now)
+            if wait > 0 and await _wait(self._replan, wait):
+                continue
+            sweep = time.monotonic() >= next_sweep
+            if sweep:
+                self._sweep_requested = False  # this sweep answers any request made before it
+            listened = self._listening()
+            try:
+                marked, covered = await self._db.tick()
+            except DatabaseUnavailable as exc:
+                delay = min(backoff.next_delay(), self._interval_s)
+                not_before = time.monotonic() + delay
+                next_sweep = max(next_sweep, not_before)
+                if failing_since is None or time.monotonic() - warned_at >= REPEAT_WARNING_S:
+                    failing_since = failing_since or time.monotonic()
+                    warned_at = time.monotonic()
+                    logger.warning("tick failed, retrying every %.1f s or less", delay,
+                                   extra={"event": "tick_failed", "reason": str(exc),
+                                          "retry_in_s": round(delay, 3),
+                                          "failing_for_s": round(time.monotonic() - failing_since, 1)})
+                continue
+            if failing_since is not None:
+                failed_for_s = round(time.monotonic() - failing_since, 1)
+                logger.info("ticking again after %.1f s", failed_for_s,
+                            extra={"event": "tick_resumed", "failed_for_s": failed_for_s})
+                failing_since = None
+            backoff.reset()
+            not_before = 0.0
+            if sweep:
+                next_sweep = time.monotonic() + self._interval_s
+            self._on_tick(marked, sweep, listened)

@@ -1,0 +1,185 @@
+"""The listener under network faults, injected for real by a TCP proxy between it and
+PostgreSQL (tests/listener/proxy.py): connections that go silent (no FIN, no RST), that are
+reset, a LISTEN session dead while the pool is fine, calls that never get an answer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+from aiohttp import web
+
+from .kit import Call, Running, Sink, add_schedules, mark_all_due, scalar, until
+from .proxy import Proxy
+
+StartListener = Callable[..., Awaitable[Running]]
+
+
+def events(caplog: Any) -> list[str]:
+    return [getattr(record, "event", "") for record in caplog.records]
+
+
+async def warmed_up(db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink) -> None:
+    """One run dispatched end to end, so that nothing is left pending in the listener (a claim
+    woken by its first sweep) when the test injects its fault."""
+    add_schedules(db, 1, function_name="warm_up")
+    mark_all_due(db)
+    await until(lambda: scalar(adb, "SELECT count(*) = 1 FROM dispatch.runs WHERE status = 'ok'"),
+                what="the warm-up run")
+    sink.calls.clear()
+    db.execute("DELETE FROM dispatch.runs")
+
+
+async def test_runs_due_right_after_a_silent_drop_reach_the_function_within_30_s(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    proxies: list[Proxy], start_listener: StartListener, caplog: Any,
+) -> None:
+    """Every connection the listener holds dies silently at once, the way a NAT entry expiring
+    kills them; the default settings notice and replace them within seconds."""
+    caplog.set_level(logging.INFO)
+    (proxy, _) = proxies
+    await start_listener(database_url=proxy.url(dsn), listen_database_url=proxy.url(dsn),
+                         sweep_interval_s=10.0)  # the default sweep
+    await warmed_up(db, adb, sink)
+    add_schedules(db, 20)
+    assert proxy.blackhole() >= 5  # the pool (4) and the LISTEN session
+    started = time.monotonic()
+    assert mark_all_due(db) == 20  # its NOTIFY goes nowhere
+
+    await until(lambda: len(sink.calls) == 20, within=30, what="all 20 runs at the function")
+    took = time.monotonic() - started
+    await until(lambda: scalar(adb, "SELECT count(*) = 20 FROM dispatch.runs WHERE status = 'ok'"),
+                what="their outcomes recorded")
+    assert sorted(sink.by_request_id().values()) == [1] * 20
+    assert {"database_connection_lost", "database_reconnected"} <= set(events(caplog))
+    print(f"20 runs due after a silent drop reached the function in {took:.1f} s")
+
+
+async def test_a_dead_pool_path_with_a_live_listen_session(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    proxies: list[Proxy], start_listener: StartListener, caplog: Any,
+) -> None:
+    """The NOTIFY arrives, the claim hangs on a pooled connection that died silently: the call is
+    given up at its deadline, the connection replaced, and the runs dispatched."""
+    caplog.set_level(logging.INFO)
+    pool_proxy, listen_proxy = proxies
+    await start_listener(database_url=pool_proxy.url(dsn), listen_database_url=listen_proxy.url(dsn),
+                         sweep_interval_s=60.0)
+    await warmed_up(db, adb, sink)
+    add_schedules(db, 10)
+    assert pool_proxy.blackhole() == 4
+    started = time.monotonic()
+    assert mark_all_due(db) == 10
+
+    await until(lambda: scalar(adb, "SELECT count(*) = 10 FROM dispatch.runs WHERE status = 'ok'"),
+                within=30, what="the runs dispatched and recorded on new connections")
+    assert sorted(sink.by_request_id().values()) == [1] * 10
+    assert pool_proxy.accepted > 4  # new connections replaced the dead ones
+    print(f"dispatched in {time.monotonic() - started:.1f} s after the pool's path died")
+
+
+async def test_a_completion_that_hangs_is_kept_and_recorded_once_without_a_second_call(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    proxies: list[Proxy], start_listener: StartListener, caplog: Any,
+) -> None:
+    caplog.set_level(logging.INFO)
+    pool_proxy, listen_proxy = proxies
+    add_schedules(db, 5)
+    hold = asyncio.Event()
+
+    async def held(request: web.Request, call: Call) -> web.StreamResponse:
+        await hold.wait()
+        return web.json_response({"ok": True})
+
+    sink.handlers["fn"] = held
+    await start_listener(database_url=pool_proxy.url(dsn), listen_database_url=listen_proxy.url(dsn),
+                         sweep_interval_s=60.0)
+    assert mark_all_due(db) == 5
+    await until(lambda: len(sink.calls) == 5, what="five invocations in flight")
+    pool_proxy.blackhole()  # the path dies while they are in flight: the outcomes cannot be written
+    hold.set()
+
+    await until(lambda: scalar(adb, "SELECT count(*) = 5 FROM dispatch.runs WHERE status = 'ok'"),
+                within=30, what="the outcomes recorded on new connections")
+    assert len(sink.calls) == 5  # recorded, not invoked again
+    assert {"completions_deferred", "completions_resumed"} <= set(events(caplog))
+
+
+async def test_a_dead_listen_session_is_noticed_by_its_probe_while_the_pool_is_fine(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    proxies: list[Proxy], start_listener: StartListener, caplog: Any,
+) -> None:
+    caplog.set_level(logging.INFO)
+    pool_proxy, listen_proxy = proxies
+    # The sweep is a minute away: only the probe can find out that NOTIFYs no longer arrive.
+    await start_listener(database_url=pool_proxy.url(dsn), listen_database_url=listen_proxy.url(dsn),
+                         sweep_interval_s=60.0)
+    await warmed_up(db, adb, sink)
+    add_schedules(db, 5)
+    assert listen_proxy.blackhole() == 1
+    started = time.monotonic()
+    assert mark_all_due(db) == 5
+
+    await until(lambda: scalar(adb, "SELECT count(*) = 5 FROM dispatch.runs WHERE status = 'ok'"),
+                within=20, what="the runs dispatched after the LISTEN session was replaced")
+    assert {"database_connection_lost", "database_reconnected"} <= set(events(caplog))
+    reconnected = next(r for r in caplog.records if getattr(r, "event", "") == "database_reconnected")
+    assert min(call.arrived_wall for call in sink.calls) > reconnected.created  # not before: it was lost
+    assert listen_proxy.accepted == 2
+    print(f"LISTEN replaced and runs dispatched in {time.monotonic() - started:.1f} s")
+
+
+async def test_connections_reset_mid_flight_are_replaced(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    proxies: list[Proxy], start_listener: StartListener,
+) -> None:
+    (proxy, _) = proxies
+    await start_listener(database_url=proxy.url(dsn), listen_database_url=proxy.url(dsn),
+                         sweep_interval_s=60.0)
+    await warmed_up(db, adb, sink)
+    add_schedules(db, 10)
+    assert proxy.reset() >= 5
+    assert mark_all_due(db) == 10
+    await until(lambda: scalar(adb, "SELECT count(*) = 10 FROM dispatch.runs WHERE status = 'ok'"),
+                within=15, what="the runs dispatched on new connections")
+    assert sorted(sink.by_request_id().values()) == [1] * 10
+
+
+async def test_at_shutdown_what_cannot_be_written_or_handed_back_is_logged_run_by_run(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    proxies: list[Proxy], start_listener: StartListener, caplog: Any,
+) -> None:
+    caplog.set_level(logging.INFO)
+    pool_proxy, listen_proxy = proxies
+    urls = {"database_url": pool_proxy.url(dsn), "listen_database_url": listen_proxy.url(dsn)}
+    running = await start_listener(**urls, sweep_interval_s=60.0, grace_s=3.0)
+    await warmed_up(db, adb, sink)
+    hold = asyncio.Event()
+
+    async def held(request: web.Request, call: Call) -> web.StreamResponse:
+        await hold.wait()
+        return web.json_response({"ok": True})
+
+    sink.handlers["fn"] = held
+    add_schedules(db, 3)
+    assert mark_all_due(db) == 3
+    await until(lambda: len(sink.calls) == 3, what="three invocations in flight")
+    pool_proxy.blackhole()  # the database is out of reach from now on
+    running.listener.stop("test")
+    hold.set()
+    started = time.monotonic()
+    await asyncio.wait_for(running.task, 15)  # ends, whatever it could not do
+    assert time.monotonic() - started < 10
+
+    abandoned = [r for r in caplog.records if getattr(r, "event", "") == "completion_abandoned"]
+    in_flight = {row[0] for row in db.execute(
+        "SELECT r.id FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id"
+        " WHERE s.function_name = 'fn'")}
+    assert {getattr(r, "run_id") for r in abandoned} == in_flight  # noqa: B009
+    assert all(r.levelno == logging.ERROR for r in abandoned)
+    # Left running: their leases expire and they are retried under the same request id.
+    assert db.execute("SELECT DISTINCT status FROM dispatch.runs").fetchall() == [("running",)]
