@@ -1,6 +1,6 @@
 """The chaos suite: real PostgreSQL, real listeners, a counting sink, and faults at random moments.
 
-    .venv/bin/python -m chaos.run --profile quick|full [--seed N] [--keep]
+    .venv/bin/python -m chaos.run --profile quick|full|failover [--seed N] [--keep]
 
 What it runs (all of it its own, in ``.pgdata/chaos`` unless ``--dir`` says otherwise):
 
@@ -30,6 +30,11 @@ application_name 'pgdispatch <worker id>'; the LISTEN session included every oth
 timeout, connection resets, slow answers, and the sink process killed and restarted a few
 seconds later (down).
 
+The failover profile runs a primary and a synchronous streaming standby (``HACluster``) instead,
+with listeners given both hosts and ``target_session_attrs=read-write``, and its only faults are
+failovers: the primary stopped with ``-m immediate``, the standby promoted, a new standby built
+from it; it also reports how soon outcomes are recorded on the new primary (goal 10 s).
+
 Exit status: 0 when every invariant holds, 1 otherwise.
 """
 
@@ -40,6 +45,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -84,12 +90,17 @@ class Profile:
     down_s: float = 3.0
     drain_s: float = 120.0
     resume_goal_s: float = 5.0
+    failovers: int = 0  # a primary with a synchronous standby, the primary killed, the standby promoted
 
 
 PROFILES = {
     "quick": Profile(schedules=300, minutes=40, minute_s=1.0),
     "full": Profile(schedules=2000, minutes=120, minute_s=6.0, kills=24, terminates=12, restarts_fast=3,
                     restarts_immediate=1, sink_windows=4, sink_downs=3, drain_s=300.0),
+    # The failover drill: nothing but two failovers under load; the figure that matters is how
+    # soon outcomes are recorded on the new primary (goal 10 s), besides the invariants.
+    "failover": Profile(schedules=600, minutes=40, minute_s=3.0, kills=0, terminates=0, restarts_fast=0,
+                        restarts_immediate=0, sink_windows=0, sink_downs=0, failovers=2, resume_goal_s=10.0),
 }
 
 
@@ -144,6 +155,101 @@ class Cluster:
 
     def url(self, dbname: str = DBNAME) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def psql(self, *args: str) -> None:
+        subprocess.run([str(PGBIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", self.url(), *args],
+                       check=True, capture_output=True, text=True)
+
+
+class HACluster:
+    """A primary and a synchronous streaming standby (pg_basebackup) on this machine, for the
+    failover drill. Clients get both hosts and target_session_attrs=read-write, so libpq finds
+    whichever is the primary. `failover()` kills the primary (-m immediate), promotes the standby
+    and builds a new standby from it in the old primary's place."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folders = [folder / "a", folder / "b"]
+        self.ports = [_free_port(), _free_port()]
+        self.primary = 0
+        self.port = self.ports[0]
+        self.failovers: list[tuple[float, float]] = []  # (primary killed, standby promoted)
+
+    def _pg_ctl(self, i: int, *args: str) -> None:
+        subprocess.run(_as_owner(str(PGBIN / "pg_ctl"), "-D", str(self.folders[i] / "data"), "-l",
+                                 str(self.folders[i] / "server.log"), "-w", "-t", "60", *args),
+                       check=True, capture_output=True)
+
+    def _direct(self, i: int, dbname: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.ports[i]}/{dbname}"
+
+    def start(self) -> None:
+        for folder in self.folders:
+            self._stop(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+        self.folders[0].mkdir(parents=True)
+        subprocess.run([str(ROOT / "scripts" / "pg-cluster"), "start", str(self.folders[0]),
+                        str(self.ports[0])], check=True, capture_output=True, text=True)
+        with psycopg.connect(self._direct(0), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("SELECT pg_reload_conf()")
+        self._build_standby(1)
+
+    def _build_standby(self, i: int) -> None:
+        """A new standby in slot i, from the primary, streaming synchronously."""
+        folder = self.folders[i]
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        if os.geteuid() == 0:
+            shutil.chown(folder, "postgres", "postgres")
+        subprocess.run(_as_owner(str(PGBIN / "pg_basebackup"), "-h", "127.0.0.1", "-p",
+                                 str(self.ports[self.primary]), "-U", "postgres", "-D", str(folder / "data"),
+                                 "-R", "-X", "stream", "-c", "fast"), check=True, capture_output=True)
+        self._pg_ctl(i, "-o", f"-p {self.ports[i]}", "start")
+        with psycopg.connect(self._direct(self.primary), autocommit=True) as conn:
+            def until(query: str, what: str) -> None:
+                deadline = time.monotonic() + 60
+                while conn.execute(query).fetchone() != (1,):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"the new standby did not {what}")
+                    time.sleep(0.05)
+
+            until("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'", "stream")
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")  # commits wait for it again
+            conn.execute("SELECT pg_reload_conf()")
+            until("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'", "become synchronous")
+
+    def failover(self) -> tuple[float, float]:
+        old, new = self.primary, 1 - self.primary
+        # The standby will be a primary without a standby for a while: it must not wait for one.
+        with psycopg.connect(self._direct(new), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = ''")
+            conn.execute("SELECT pg_reload_conf()")
+        killed = time.time()
+        self._pg_ctl(old, "-m", "immediate", "stop")
+        self._pg_ctl(new, "promote")
+        promoted = time.time()
+        self.primary = new
+        self.port = self.ports[new]
+        self.failovers.append((killed, promoted))
+        self._build_standby(old)
+        return killed, promoted
+
+    @staticmethod
+    def _stop(folder: Path) -> None:
+        if (folder / "data" / "postmaster.pid").exists():
+            subprocess.run(_as_owner(str(PGBIN / "pg_ctl"), "-D", str(folder / "data"), "-m", "immediate",
+                                     "-w", "stop"), check=False, capture_output=True)
+
+    def stop(self) -> None:
+        for folder in self.folders:
+            self._stop(folder)
+
+    def restart(self, mode: str) -> None:
+        raise NotImplementedError("the failover drill restarts nothing: it fails over")
+
+    def url(self, dbname: str = DBNAME) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.ports)
+        return f"postgresql://postgres@{hosts}/{dbname}?target_session_attrs=read-write"
 
     def psql(self, *args: str) -> None:
         subprocess.run([str(PGBIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", self.url(), *args],
@@ -221,7 +327,7 @@ class Harness:
         self.profile = profile
         self.folder = folder
         self.rng = random.Random(seed)
-        self.cluster = Cluster(folder)
+        self.cluster: Cluster | HACluster = HACluster(folder) if profile.failovers else Cluster(folder)
         self.workdir = folder / "run"
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sink = SinkProcess(self.workdir, hang_s=profile.timeout_s + 3)
@@ -233,6 +339,7 @@ class Harness:
         self.lock = threading.Lock()
         self.windows: dict[str, dict[str, float]] = {}
         self.stop_faults = threading.Event()
+        self.first_outcomes: list[float] = []  # failovers: promotion to the first outcome recorded
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -305,14 +412,23 @@ class Harness:
         p = self.profile
         kinds = (["kill"] * p.kills + ["terminate"] * p.terminates + ["restart_fast"] * p.restarts_fast
                  + ["restart_immediate"] * p.restarts_immediate + ["sink_down"] * p.sink_downs
-                 + [kind for kind in WINDOW_MODES for _ in range(p.sink_windows)])
+                 + [kind for kind in WINDOW_MODES for _ in range(p.sink_windows)]
+                 + ["failover"] * p.failovers)
         # Spread over 10%..85% of the run: a stratified draw, so faults do not all bunch up.
         self.rng.shuffle(kinds)
         span = 0.75 * duration_s / max(1, len(kinds))
         return [(0.1 * duration_s + (i + self.rng.random()) * span, kind) for i, kind in enumerate(kinds)]
 
     def inject(self, kind: str) -> None:
-        if kind == "kill":
+        if kind == "failover":
+            assert isinstance(self.cluster, HACluster)
+            killed, promoted = self.cluster.failover()
+            # For the analysis a failover is a database restart: from the kill to the promotion.
+            self.restarts.append((killed, promoted))
+            self._record("restart_failover", f"127.0.0.1:{self.cluster.port}", killed, promoted)
+            _log(f"failover: primary killed, standby on port {self.cluster.port} promoted in "
+                 f"{promoted - killed:.1f} s; new standby streaming {time.time() - promoted:.1f} s later")
+        elif kind == "kill":
             self.kill_one()
         elif kind == "terminate":
             self.terminate_one()
@@ -526,25 +642,53 @@ class Harness:
                 copy.write_row((item.worker, item.started))
         conn.execute("ANALYZE chaos.requests")
 
-    def resume_times(self, conn: psycopg.Connection[Any]) -> list[float]:
-        """Per restart and per listener that lived through it: seconds from the database being up
-        again to that listener's first claim."""
-        times = []
+    def resume_times(self, conn: psycopg.Connection[Any]
+                     ) -> tuple[list[float], list[float], list[float]]:
+        """Per restart (or failover): seconds from the database being up again to the first claim of
+        a run that was waiting then (dispatching resumed; nothing when no run was waiting); per
+        restart and per listener that lived through it, seconds to its LISTEN session being back
+        (from its own log: `listening`), and to the first run it claimed itself. The last one also
+        counts the wait for runs to claim (a listener back in time can find that the others took
+        everything due until the next simulated minute), so it is printed, not judged."""
+        dispatching, back, own_claim = [], [], []
         self.faults = [tuple(row) for row in conn.execute("SELECT kind, target, at, until FROM chaos.faults")]
         kills = {target: at for kind, target, at, _ in self.faults if kind == "kill"}
         restarts = [(at, until) for kind, _, at, until in self.faults
                     if kind.startswith("restart_") and until is not None]
         listeners = conn.execute("SELECT worker, started FROM chaos.listeners").fetchall()
+        first_claim = ("SELECT min(extract(epoch FROM at)) FROM chaos.claims"
+                       " WHERE at >= to_timestamp(%s) AND (worker = %s OR %s::text IS NULL)")
         for began, up in restarts:
+            # Runs that were waiting when the database came back (marked before), claimed after.
+            row = conn.execute(
+                "SELECT min(extract(epoch FROM c.at))"
+                " FROM chaos.claims c JOIN dispatch.runs r ON r.id = c.run_id"
+                " WHERE c.at >= to_timestamp(%s) AND r.created_at < to_timestamp(%s)", (up, up)).fetchone()
+            if row and row[0] is not None:
+                dispatching.append(float(row[0]) - up)
             for worker, started in listeners:
                 if started > began or kills.get(worker, float("inf")) < up + 30:
                     continue
-                row = conn.execute(
-                    "SELECT min(extract(epoch FROM at)) FROM chaos.claims WHERE worker = %s"
-                    " AND at >= to_timestamp(%s)", (worker, up)).fetchone()
-                first = row[0] if row else None
-                times.append(float("inf") if first is None else float(first) - up)
-        return times
+                # From the restart's start: a listener can be back before pg_ctl -w has noticed
+                # that the server accepts connections again (then it counts as 0).
+                listening = [entry["ts"] for entry in self._log_events(worker, "listening")
+                             if entry["ts"] > began]
+                back.append(max(0.0, min(listening) - up) if listening else float("inf"))
+                row = conn.execute(first_claim, (up, worker, worker)).fetchone()
+                own_claim.append(float("inf") if not row or row[0] is None else float(row[0]) - up)
+        return dispatching, back, own_claim
+
+    def _log_events(self, worker: str, event: str) -> list[dict[str, Any]]:
+        """A listener's log lines of one event, their ts as Unix seconds."""
+        found = []
+        with contextlib.suppress(OSError), (self.workdir / f"{worker}.log").open() as log:
+            for line in log:
+                with contextlib.suppress(ValueError):
+                    entry = json.loads(line)
+                    if entry.get("event") == event:
+                        entry["ts"] = datetime.fromisoformat(entry["ts"]).timestamp()
+                        found.append(entry)
+        return found
 
     def verdict(self, stop_problems: list[str], wall_s: float) -> Result:
         with psycopg.connect(self.cluster.url(), autocommit=True) as conn:
@@ -561,7 +705,8 @@ class Harness:
                 " coalesce(v.http_status::text, '-'), left(coalesce(v.error, '-'), 70), count(*)"
                 " FROM verdict v WHERE v.fate NOT IN ('agrees', 'sink_unreachable')"
                 " GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 7 DESC LIMIT 10").fetchall()
-            resume = self.resume_times(conn)
+            dispatching, back, own_claim = self.resume_times(conn)
+            resume = dispatching + back
         figures = {name: value for name, value in rows}
         for fate, decision, answered, status, http_status, error, count in examples:
             label = f"  {fate}: sink {decision} (answered: {answered}) -> {status} {http_status} {error}"
@@ -576,13 +721,33 @@ class Harness:
         figures["sink windows (fail / hang / reset / slow / down)"] = " / ".join(
             str(sum(1 for f in self.faults if f[0] == kind))
             for kind in ("sink_fail", "sink_hang", "sink_reset", "sink_slow", "sink_down"))
+        if isinstance(self.cluster, HACluster):
+            first_outcomes = []
+            for killed, promoted in self.cluster.failovers:
+                with psycopg.connect(self.cluster.url(), autocommit=True) as conn:
+                    row = conn.execute("SELECT extract(epoch FROM min(finished_at)) FROM dispatch.runs"
+                                       " WHERE finished_at > to_timestamp(%s)", (promoted,)).fetchone()
+                first = float(row[0]) - promoted if row and row[0] is not None else float("inf")
+                first_outcomes.append(first)
+                at = time.strftime("%H:%M:%S", time.localtime(killed))
+                figures[f"failover at {at}: primary killed to standby promoted (s)"] = (
+                    f"{promoted - killed:.2f}")
+            figures["failovers"] = str(len(self.cluster.failovers))
+            figures["seconds to the first outcome on the new primary, per failover"] = ", ".join(
+                f"{t:.2f}" for t in first_outcomes)
+            self.first_outcomes = first_outcomes
         figures["faults that could not be injected"] = str(
             sum(1 for f in self.faults if f[0].endswith("_failed")))
         figures["listeners that exited on their own"] = str(len(self.crashed))
         finite = [t for t in resume if t != float("inf")]
-        figures["longest resume after a database restart (s)"] = (
+        figures["longest resume after a database restart: dispatching or a listener back (s)"] = (
             "n/a" if not resume else ("never" if len(finite) < len(resume) else f"{max(finite):.2f}"))
-        figures["resume times after restarts (s)"] = ", ".join(f"{t:.2f}" for t in resume) or "n/a"
+        figures["dispatching resumed after each restart: first waiting run claimed (s)"] = (
+            ", ".join(f"{t:.2f}" for t in dispatching) or "n/a")
+        figures["each listener back after each restart: LISTEN again (s)"] = (
+            ", ".join(f"{t:.2f}" for t in back) or "n/a")
+        figures["each listener's own first claimed run after each restart (s, not judged)"] = (
+            ", ".join(f"{t:.2f}" for t in own_claim) or "n/a")
         figures["wall time (s)"] = f"{wall_s:.0f}"
 
         failures = []
@@ -604,6 +769,12 @@ class Harness:
         must_be("finished runs without exactly one matching audit row", "0")
         must_be("schedules left stuck (next_run_at not one minute past the last slot, or a run open)", "0")
         must_be("listeners that exited on their own", "0")
+        for first in self.first_outcomes:
+            if first > self.profile.resume_goal_s:
+                failures.append(f"the first outcome on a new primary came {first:.2f} s after the promotion "
+                                f"(goal {self.profile.resume_goal_s:g} s)")
+        if isinstance(self.cluster, HACluster) and len(self.cluster.failovers) < self.profile.failovers:
+            failures.append("fewer failovers than planned")
         if not resume or len(finite) < len(resume):
             failures.append("a listener never resumed dispatching after a database restart")
         elif max(finite) > self.profile.resume_goal_s:

@@ -82,6 +82,28 @@ async def test_a_dead_pool_path_with_a_live_listen_session(
     print(f"dispatched in {time.monotonic() - started:.1f} s after the pool's path died")
 
 
+async def test_a_claim_that_hangs_is_given_up_at_its_deadline(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    proxies: list[Proxy], start_listener: StartListener, caplog: Any,
+) -> None:
+    """The pool's path stalls (the server's answers are held, not lost): the claim woken by the
+    NOTIFY gets no answer, fails at its deadline, and is retried on new connections."""
+    caplog.set_level(logging.INFO)
+    pool_proxy, listen_proxy = proxies
+    await start_listener(database_url=pool_proxy.url(dsn), listen_database_url=listen_proxy.url(dsn),
+                         sweep_interval_s=60.0)
+    await warmed_up(db, adb, sink)
+    add_schedules(db, 3)
+    assert pool_proxy.stall() == 4
+    assert mark_all_due(db) == 3
+    await until(lambda: scalar(adb, "SELECT count(*) = 3 FROM dispatch.runs WHERE status = 'ok'"),
+                within=20, what="the runs claimed on new connections")
+    failed = [r for r in caplog.records if getattr(r, "event", "") == "claim_failed"]
+    assert failed, "the stalled claim was not given up"
+    pool_proxy.resume()
+    assert sorted(sink.by_request_id().values()) == [1] * 3
+
+
 async def test_a_completion_that_hangs_is_kept_and_recorded_once_without_a_second_call(
     db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
     proxies: list[Proxy], start_listener: StartListener, caplog: Any,
