@@ -12,15 +12,19 @@ apart and at once when any database call succeeds again:
 - the database is unavailable: until the run's lease would have expired; after that the run
   belongs to whoever claims it next, so the outcome is abandoned (logged with its run id). A
   run is never invoked again to make up for a lost write;
-- the database answered `busy` (another transaction, a DBA's left open, holds the run's
-  schedule): for as long as it stays busy; the lease cannot expire under that lock either, and
-  the attempt fences whatever comes after.
+- the database answered `busy` (another transaction holds the run or its schedule): for as long
+  as it stays busy; the lease cannot expire under that lock either, and the attempt fences
+  whatever comes after. Mostly this is another listener's claim that looked at the run a moment
+  before this listener claimed it (PostgreSQL keeps that row lock until the claim's statement
+  ends), and the retry at the next successful call records it; an outcome busy for
+  BUSY_WARNING_S is something else (a DBA's transaction left open) and is said.
 
 Logs: `run_finished` is one record per run, at DEBUG for `ok` runs and at INFO for the others;
 each written batch logs one INFO `runs_finished` with the counts by status. Deferral is one
-WARNING `completions_deferred` when it starts (and every REPEAT_WARNING_S while it lasts) and
-one INFO `completions_resumed` when everything kept is written; `completion_abandoned` is an
-ERROR per run whose outcome is lost.
+WARNING `completions_deferred` when it starts (for busy outcomes: once they have been busy for
+BUSY_WARNING_S), again every REPEAT_WARNING_S while it lasts, and one INFO `completions_resumed`
+when everything it warned of is written; `completion_deferred` is the DEBUG record of each run
+kept; `completion_abandoned` is an ERROR per run whose outcome is lost.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ BATCH_MAX = 250
 RETRY_MAX_S = 1.0
 BUSY_REASON = "another transaction holds the run or its schedule"
 REPEAT_WARNING_S = 10.0
+BUSY_WARNING_S = 5.0
 
 
 def _fields(run: Run, outcome: Outcome) -> dict[str, object]:
@@ -69,6 +74,7 @@ class _Kept:
     run: Run
     outcome: Outcome
     busy: bool  # the database answered busy (else: it was unavailable)
+    since: float  # time.monotonic() it was first kept
 
 
 class Completer:
@@ -95,8 +101,9 @@ class Completer:
         self._database_back = asyncio.Event()
         self._settled = asyncio.Event()  # nothing kept
         self._settled.set()
-        self._deferred_since: float | None = None
+        self._deferred_since: float | None = None  # when the warning about kept outcomes was first given
         self._warned_at = 0.0
+        self._last_reason = ""
 
     @property
     def deferred(self) -> int:
@@ -225,20 +232,32 @@ class Completer:
     # -- what cannot be written now ---------------------------------------------------------
 
     def _keep(self, run: Run, outcome: Outcome, *, busy: bool, reason: str) -> None:
-        self._kept[run.run_id] = _Kept(run, outcome, busy)
+        now = time.monotonic()
+        earlier = self._kept.get(run.run_id)
+        self._kept[run.run_id] = _Kept(run, outcome, busy, earlier.since if earlier else now)
         self._settled.clear()
         self._has_kept.set()
         logger.debug("run %s: outcome kept to retry: %s", run.run_id, reason,
                      extra={"event": "completion_deferred", **_fields(run, outcome), "busy": busy,
                             "reason": reason})
+        self._last_reason = reason
+        self._warn_if_due()
+
+    def _warn_if_due(self) -> None:
+        """One WARNING when outcomes start waiting (busy ones: once they have waited a while), then
+        every REPEAT_WARNING_S while they do."""
         now = time.monotonic()
-        if self._deferred_since is None or now - self._warned_at >= REPEAT_WARNING_S:
-            self._deferred_since = self._deferred_since or now
-            self._warned_at = now
-            busy_count = sum(1 for kept in self._kept.values() if kept.busy)
-            logger.warning("%d outcomes cannot be recorded now, keeping them to retry: %s", len(self._kept),
-                           reason, extra={"event": "completions_deferred", "count": len(self._kept),
-                                          "busy": busy_count, "reason": reason})
+        worth_saying = [kept for kept in self._kept.values()
+                        if not kept.busy or now - kept.since >= BUSY_WARNING_S]
+        if not worth_saying or (self._deferred_since is not None
+                                and now - self._warned_at < REPEAT_WARNING_S):
+            return
+        self._deferred_since = self._deferred_since or now
+        self._warned_at = now
+        busy_count = sum(1 for kept in self._kept.values() if kept.busy)
+        logger.warning("%d outcomes cannot be recorded now, keeping them to retry: %s", len(self._kept),
+                       self._last_reason, extra={"event": "completions_deferred", "count": len(self._kept),
+                                                 "busy": busy_count, "reason": self._last_reason})
 
     async def retry(self) -> None:
         """Retry kept outcomes in batches until none are left; runs as long as the listener does."""
@@ -250,6 +269,7 @@ class Completer:
                 async with asyncio.timeout(backoff.next_delay()):
                     await self._database_back.wait()
             now = time.monotonic()
+            self._warn_if_due()
             for run_id, kept in list(self._kept.items()):
                 if not kept.busy and now >= kept.run.lease_deadline:
                     del self._kept[run_id]

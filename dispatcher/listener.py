@@ -221,8 +221,8 @@ class Listener:
             self._stopped = True
         failure = self._supervisor.failure
         if failure is not None:
-            if isinstance(failure.error, DatabaseMisconfigured) and not self.ready.is_set():
-                raise failure.error  # never started: a configuration error (exit 2)
+            if isinstance(failure.error, DatabaseMisconfigured) and not self._notifications.ever_listened:
+                raise failure.error  # the database never accepted it: a configuration error (exit 2)
             raise failure
         logger.info("stopped", extra={"event": "listener_stopped"})
 

@@ -49,6 +49,7 @@ class Notifications:
         self._probe_interval_s = probe_interval_s
         self.listening = False
         self.schema_checked = False
+        self.ever_listened = False  # the database accepted this listener at least once
 
     async def run(self) -> None:
         """Listen until cancelled; raises DatabaseMisconfigured when waiting will not help."""
@@ -84,7 +85,7 @@ class Notifications:
                             extra={"event": "database_reconnected", "attempts": backoff.failures})
             backoff.reset()
             logger.info("listening on channel %s", CHANNEL, extra={"event": "listening", "channel": CHANNEL})
-            self.listening = True
+            self.listening = self.ever_listened = True
             self._on_connected()
             while True:
                 async for notify in conn.notifies(timeout=self._probe_interval_s):

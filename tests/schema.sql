@@ -1829,6 +1829,9 @@ COMMENT ON FUNCTION dispatch.schema_version() IS 'The highest migration applied 
 CREATE FUNCTION dispatch.tick(now timestamp with time zone DEFAULT now()) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     AS $$
 DECLARE
     horizon constant timestamptz := tick.now;

@@ -161,7 +161,7 @@ async def test_an_outcome_whose_schedule_a_dba_holds_is_kept_and_recorded_once_i
 ) -> None:
     """Invariant 3 seen from the listener: a transaction left open on one schedule delays the
     recording of that schedule's run only; the function is not called again."""
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG, logger="dispatcher.completion")
     add_schedules(db, 2)
     held, free = (str(r[0]) for r in db.execute("SELECT id FROM dispatch.schedules ORDER BY id"))
     assert mark_all_due(db) == 2
@@ -171,8 +171,8 @@ async def test_an_outcome_whose_schedule_a_dba_holds_is_kept_and_recorded_once_i
 
     status = "SELECT status FROM dispatch.runs WHERE schedule_id = %s"
     await until(lambda: scalar(adb, status, (free,)), what="the free schedule's run to be recorded")
-    await until(lambda: [r for r in caplog.records if getattr(r, "event", None) == "completions_deferred"
-                         and getattr(r, "busy", 0) == 1], what="the held one's outcome kept")
+    await until(lambda: [r for r in caplog.records if getattr(r, "event", None) == "completion_deferred"
+                         and getattr(r, "busy", False)], what="the held one's outcome kept")
     assert await scalar(adb, status, (held,)) == "running"
     dba.commit()
     recorded = "SELECT status = 'ok' FROM dispatch.runs WHERE schedule_id = %s"
