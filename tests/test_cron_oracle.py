@@ -265,8 +265,8 @@ def croniter_gap(expr: str) -> str | None:
                 if v == (6 if f == 4 else FIELDS[f][2]):
                     return "n/s with n at the field's end is n-n/s, the whole field, in croniter"
     days, dow = _items(fields[2]), _items(fields[4])
-    if "L" in fields[2].upper() and any(v > 28 for i in days if i.upper() != "L" for v in _item_values(i, 2)):
-        return "croniter jumps past L to a day the month lacks"
+    if fields[2] != "*" and any(v > 28 for i in days if i.upper() != "L" for v in _item_values(i, 2)):
+        return "croniter steps to a day the month lacks and overshoots into the next month"
     for this, other, f in ((fields[2], fields[4], 4), (fields[4], fields[2], 2)):
         if (
             "*" in this
@@ -739,6 +739,16 @@ DIFFERENCES = [
         "2024-01-02 00:00",
         "croniter maps 7 to 0 before expanding n/s to n-6/s, so 7/2 is Sun,Tue,Thu,Sat; in our dialect "
         "n/s runs from n to the field's end, and 7 (Sunday) is the end.",
+    ),
+    Difference(
+        "a day the month lacks, at the end of February",
+        "0 0 */15 * *",
+        "2019-02-26 19:21",
+        "2019-03-01 00:00",
+        "2019-03-16 00:00",
+        "*/15 is days 1, 16 and 31. From February 26 croniter steps to day 31, overshoots into March "
+        "and lands past March 1, so it skips the 1st (found by the oracle test on "
+        "'0 16/22,0/8,19-23/12 */15,11-24 * *').",
     ),
     Difference(
         "restricted day-of-month OR d#n",
