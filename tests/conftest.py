@@ -28,6 +28,13 @@ def pytest_configure(config: pytest.Config) -> None:
             env={**os.environ, "PGDISPATCH_CLUSTER_FAST": "1"},
         ).stdout.strip()
         os.environ["PGDISPATCH_TEST_PORT"] = port
+        # A run that was killed leaves its databases behind: the template would then exist already.
+        with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres",
+                             autocommit=True) as conn:
+            leftovers = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'pgdispatch_test%'")
+            for (name,) in leftovers.fetchall():
+                conn.execute(f'ALTER DATABASE "{name}" IS_TEMPLATE false')
+                conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
     config.option.postgresql_host = "127.0.0.1"
     config.option.postgresql_port = os.environ["PGDISPATCH_TEST_PORT"]
     config.option.postgresql_user = "postgres"

@@ -54,9 +54,9 @@ def complete(
     """CALL dispatch.complete_run for a claimed row (its attempt, unless `attempt` overrides it);
     returns (recorded, advanced, busy)."""
     row = db.execute(
-        "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s)",
+        "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (run[0], worker, run[7] if attempt is None else attempt, status, kw.get("error"),
-         kw.get("http_status"), kw.get("duration_ms")),
+         kw.get("http_status"), kw.get("duration_ms"), kw.get("retryable", False), kw.get("retry_after_ms")),
     ).fetchone()
     assert row is not None
     return row[0], row[1], row[2]
@@ -69,7 +69,7 @@ def complete_many(
     return [
         tuple(r)
         for r in db.execute(
-            "SELECT * FROM dispatch.complete_runs(%s, %s, %s, %s, %s, %s, %s)",
+            "SELECT run_id, recorded, advanced, busy FROM dispatch.complete_runs(%s, %s, %s, %s, %s, %s, %s)",
             (
                 worker,
                 [o[0] for o in outcomes],

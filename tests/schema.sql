@@ -78,9 +78,12 @@ CREATE TABLE dispatch.runs (
     http_status integer,
     duration_ms integer,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    not_before timestamp with time zone,
+    earlier_attempts jsonb,
     CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT runs_error_length_check CHECK ((length(error) <= 500)),
     CONSTRAINT runs_finished_at_check CHECK (((status = ANY (ARRAY['pending'::text, 'running'::text])) = (finished_at IS NULL))),
+    CONSTRAINT runs_not_before_check CHECK (((not_before IS NULL) OR (status = 'pending'::text))),
     CONSTRAINT runs_running_has_lease_check CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_until > claimed_at)))),
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'ok'::text, 'error'::text, 'skipped'::text, 'lost'::text])))
 )
@@ -144,10 +147,24 @@ COMMENT ON COLUMN dispatch.runs.error IS 'Why the run failed, was skipped or los
 
 
 --
+-- Name: COLUMN runs.not_before; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.not_before IS 'A pending run is not claimed before this: a retry''s back-off, or infinity while it waits behind the run ahead of it (overlap buffer_one).';
+
+
+--
+-- Name: COLUMN runs.earlier_attempts; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.earlier_attempts IS 'The attempts before the last, for the audit row: attempt, status (error or lost), error, http_status, duration_ms, at. NULL while there was only one.';
+
+
+--
 -- Name: _advance_schedules(dispatch.runs[], boolean); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._advance_schedules(finished dispatch.runs[], guarded boolean) RETURNS TABLE(run_id bigint, advanced boolean)
+CREATE FUNCTION dispatch._advance_schedules(finished dispatch.runs[], guarded boolean) RETURNS TABLE(run_id bigint, advanced boolean, follow_up boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -168,11 +185,14 @@ BEGIN
     ), sched AS MATERIALIZED (
         -- behind: next_run_at is on (or, after a slot marked ahead of the clock, before) a
         -- finished slot, so it moves; an edit mid-flight that put it later wins. NULL for a
-        -- stopped schedule, which has no next slot.
+        -- stopped schedule, which has no next slot. It moves to the first slot after the
+        -- clock, except under catchup all: to the next slot, missed or not.
         SELECT s.id, s.cron_expression, s.cron_spec, s.timezone,
                greatest(s.last_slot, l.scheduled_for) AS last_slot,
                s.next_run_at <= greatest(s.last_slot, l.scheduled_for) AS behind,
-               greatest(s.last_slot, l.scheduled_for, clock) AS after
+               CASE WHEN s.catchup = 'all' THEN greatest(s.last_slot, l.scheduled_for)
+                    ELSE greatest(s.last_slot, l.scheduled_for, clock) END AS after,
+               s.overlap = 'buffer_one' OR s.catchup = 'all' AS follow_up
         FROM dispatch.schedules s
         JOIN latest l ON l.schedule_id = s.id
     ), slots AS MATERIALIZED (
@@ -187,7 +207,7 @@ BEGIN
     ), moved AS (
         UPDATE dispatch.schedules s
         -- backing off: an hour after the later of the clock and the last finished slot
-        SET next_run_at = CASE WHEN x.behind THEN coalesce(n.next_at, x.after + interval '1 hour')
+        SET next_run_at = CASE WHEN x.behind THEN coalesce(n.next_at, greatest(x.after, clock) + interval '1 hour')
                                ELSE s.next_run_at END,
             backoff_reason = CASE WHEN x.behind IS NOT TRUE THEN s.backoff_reason
                                   WHEN n.next_at IS NULL
@@ -203,7 +223,7 @@ BEGIN
         LEFT JOIN slots n ON x.behind AND n.cron_spec = x.cron_spec AND n.timezone = x.timezone AND n.after = x.after
         WHERE s.id = x.id
     )
-    SELECT d.id, coalesce(x.behind, false) FROM done d JOIN sched x ON x.id = d.schedule_id;
+    SELECT d.id, coalesce(x.behind, false), x.follow_up FROM done d JOIN sched x ON x.id = d.schedule_id;
 END
 $$;
 
@@ -225,9 +245,263 @@ CREATE FUNCTION dispatch._audit_runs(finished dispatch.runs[]) RETURNS void
                'runId', f.id,
                'scheduledFor', f.scheduled_for,
                'attempt', f.attempt,
-               'error', f.error))
+               'error', f.error,
+               -- every attempt, when there was more than one
+               'attempts', f.earlier_attempts || jsonb_build_object(
+                   'attempt', f.attempt, 'status', f.status, 'error', f.error, 'httpStatus', f.http_status,
+                   'durationMs', f.duration_ms, 'at', f.finished_at)))
     FROM unnest(_audit_runs.finished) f
     JOIN dispatch.schedules s ON s.id = f.schedule_id
+$$;
+
+
+--
+-- Name: schedules; Type: TABLE; Schema: dispatch; Owner: -
+--
+
+CREATE TABLE dispatch.schedules (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    project_id text NOT NULL,
+    function_name text NOT NULL,
+    cron_expression text NOT NULL,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    args jsonb DEFAULT '{}'::jsonb NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    deleted_at timestamp with time zone,
+    next_run_at timestamp with time zone,
+    last_run_at timestamp with time zone,
+    last_status text,
+    last_error text,
+    max_attempts integer DEFAULT 3 NOT NULL,
+    cron_spec dispatch.cron_spec NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    paused_at timestamp with time zone,
+    paused_by text,
+    paused_reason text,
+    last_slot timestamp with time zone,
+    backoff_reason text,
+    retry_backoff interval DEFAULT '00:00:10'::interval NOT NULL,
+    retry_backoff_max interval DEFAULT '00:05:00'::interval NOT NULL,
+    timeout interval,
+    misfire_grace interval,
+    catchup text DEFAULT 'latest'::text NOT NULL,
+    overlap text DEFAULT 'skip'::text NOT NULL,
+    CONSTRAINT schedules_args_check CHECK ((jsonb_typeof(args) = 'object'::text)),
+    CONSTRAINT schedules_backoff_check CHECK (((backoff_reason IS NULL) OR (next_run_at IS NOT NULL))),
+    CONSTRAINT schedules_catchup_check CHECK (((catchup = ANY (ARRAY['latest'::text, 'all'::text])) AND ((catchup = 'latest'::text) OR (misfire_grace IS NOT NULL)))),
+    CONSTRAINT schedules_last_status_check CHECK ((last_status = ANY (ARRAY['ok'::text, 'error'::text, 'skipped'::text, 'lost'::text]))),
+    CONSTRAINT schedules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 10))),
+    CONSTRAINT schedules_misfire_grace_check CHECK ((misfire_grace > '00:00:00'::interval)),
+    CONSTRAINT schedules_next_run_at_after_last_slot_check CHECK ((next_run_at > last_slot)),
+    CONSTRAINT schedules_next_run_at_live_check CHECK (((next_run_at IS NOT NULL) = (enabled AND (deleted_at IS NULL) AND (paused_at IS NULL)))),
+    CONSTRAINT schedules_overlap_check CHECK ((overlap = ANY (ARRAY['skip'::text, 'buffer_one'::text, 'allow'::text]))),
+    CONSTRAINT schedules_paused_check CHECK (((paused_at IS NOT NULL) OR ((paused_by IS NULL) AND (paused_reason IS NULL)))),
+    CONSTRAINT schedules_paused_reason_length_check CHECK ((length(paused_reason) <= 500)),
+    CONSTRAINT schedules_project_id_check CHECK (((project_id ~ '^[^[:space:][:cntrl:]/]{1,200}$'::text) AND (project_id !~ '^[.]{1,2}$'::text))),
+    CONSTRAINT schedules_retry_backoff_check CHECK (((retry_backoff > '00:00:00'::interval) AND (retry_backoff <= retry_backoff_max))),
+    CONSTRAINT schedules_retry_backoff_max_check CHECK ((retry_backoff_max <= '1 day'::interval)),
+    CONSTRAINT schedules_timeout_check CHECK (((timeout > '00:00:00'::interval) AND (timeout <= '01:00:00'::interval)))
+)
+WITH (fillfactor='80');
+
+
+--
+-- Name: TABLE schedules; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.schedules IS 'One row per schedule. INSERT/UPDATE from any client validates cron_expression, timezone and function_name and computes next_run_at.';
+
+
+--
+-- Name: COLUMN schedules.project_id; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.project_id IS 'Tenant: 1-200 characters, no whitespace, control characters or /, not . or .. (it is one segment of the invoke URL).';
+
+
+--
+-- Name: COLUMN schedules.function_name; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.function_name IS 'Function to call: a letter or digit, then letters, digits, _ . - (at most 128); percent-encoded into the invoke URL.';
+
+
+--
+-- Name: COLUMN schedules.timezone; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.timezone IS 'IANA zone name (pg_timezone_names) the expression is read in.';
+
+
+--
+-- Name: COLUMN schedules.args; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.args IS 'JSON object passed as "args" in the request body; at most 4 MiB of JSON text and 64 levels deep.';
+
+
+--
+-- Name: COLUMN schedules.deleted_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.deleted_at IS 'Soft delete: set it to stop the schedule and keep its history.';
+
+
+--
+-- Name: COLUMN schedules.next_run_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.next_run_at IS 'Next slot to fire; NULL exactly when the schedule is stopped (disabled, paused or deleted). Stays on a slot while its run is open; finishing the run advances it past the slot. Written only by the system.';
+
+
+--
+-- Name: COLUMN schedules.last_status; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.last_status IS 'Status of the latest finished run: ok, error, skipped or lost.';
+
+
+--
+-- Name: COLUMN schedules.max_attempts; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.max_attempts IS 'Invocation attempts of one run, failed attempts and lost leases alike. A retryable failure (connection, timeout, HTTP 5xx, 408, 429) is retried while attempts are left.';
+
+
+--
+-- Name: COLUMN schedules.cron_spec; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.cron_spec IS 'cron_expression parsed by the write trigger (dispatch.cron_parse).';
+
+
+--
+-- Name: COLUMN schedules.updated_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.updated_at IS 'Last change to the definition (not to next_run_at or last_*).';
+
+
+--
+-- Name: COLUMN schedules.paused_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.paused_at IS 'Set by dispatch.pause(): the schedule keeps its definition and has no next_run_at until dispatch.resume().';
+
+
+--
+-- Name: COLUMN schedules.paused_by; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.paused_by IS 'The login (session_user) that paused it.';
+
+
+--
+-- Name: COLUMN schedules.paused_reason; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.paused_reason IS 'Why it was paused, as given to dispatch.pause(); at most 500 characters.';
+
+
+--
+-- Name: COLUMN schedules.last_slot; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.last_slot IS 'The latest slot whose run has finished (ok, error, skipped or lost). next_run_at is always later (invariant 2).';
+
+
+--
+-- Name: COLUMN schedules.backoff_reason; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.backoff_reason IS 'Set while the next slot cannot be computed (its zone is gone from the tz database): next_run_at is then a back-off instant, one hour on, at which dispatch.tick records a skipped run and tries again. Never invoked at such an instant (invariant 6).';
+
+
+--
+-- Name: COLUMN schedules.retry_backoff; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.retry_backoff IS 'Back-off before the first retry; doubled for each retry, with full jitter (a random share of it), capped at retry_backoff_max.';
+
+
+--
+-- Name: COLUMN schedules.retry_backoff_max; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.retry_backoff_max IS 'The longest back-off between two attempts, Retry-After included.';
+
+
+--
+-- Name: COLUMN schedules.timeout; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.timeout IS 'Invocation timeout of this schedule''s runs (NULL: the listener''s --timeout); the lease follows it.';
+
+
+--
+-- Name: COLUMN schedules.misfire_grace; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.misfire_grace IS 'A slot that cannot start within this long after its instant is not invoked: it ends skipped ("missed by ..."). NULL: no limit.';
+
+
+--
+-- Name: COLUMN schedules.catchup; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.catchup IS 'After downtime: latest runs only the most recent missed slot; all runs every missed slot within misfire_grace, oldest first.';
+
+
+--
+-- Name: COLUMN schedules.overlap; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.overlap IS 'While a run is open: skip the slots that come due; buffer_one lets one wait and run right after; allow runs each slot at its time.';
+
+
+--
+-- Name: _check_policies(dispatch.schedules); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._check_policies(s dispatch.schedules) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    problem text;
+    hint text;
+BEGIN
+    IF s.max_attempts IS NULL OR s.max_attempts NOT BETWEEN 1 AND 10 THEN
+        problem := format('max_attempts must be between 1 and 10, not %s', coalesce(s.max_attempts::text, 'NULL'));
+        hint := 'It counts every attempt of a run: 1 never retries.';
+    ELSIF s.retry_backoff IS NULL OR s.retry_backoff <= interval '0' THEN
+        problem := format('retry_backoff must be more than 0, not %s', coalesce(s.retry_backoff::text, 'NULL'));
+    ELSIF s.retry_backoff_max IS NULL OR s.retry_backoff_max > interval '1 day' THEN
+        problem := format('retry_backoff_max must be at most 1 day, not %s', coalesce(s.retry_backoff_max::text, 'NULL'));
+    ELSIF s.retry_backoff > s.retry_backoff_max THEN
+        problem := format('retry_backoff (%s) must not exceed retry_backoff_max (%s)', s.retry_backoff, s.retry_backoff_max);
+        hint := 'retry_backoff is the first back-off, retry_backoff_max the cap of the doubling.';
+    ELSIF s.timeout <= interval '0' OR s.timeout > interval '1 hour' THEN
+        problem := format('timeout must be more than 0 and at most 1 hour, not %s', s.timeout);
+        hint := 'NULL uses the listener''s --timeout.';
+    ELSIF s.misfire_grace <= interval '0' THEN
+        problem := format('misfire_grace must be more than 0, not %s', s.misfire_grace);
+        hint := 'NULL: a late slot is invoked however late.';
+    ELSIF s.catchup IS NULL OR s.catchup NOT IN ('latest', 'all') THEN
+        problem := format('catchup must be latest or all, not %s', coalesce(quote_literal(s.catchup), 'NULL'));
+    ELSIF s.catchup = 'all' AND s.misfire_grace IS NULL THEN
+        problem := 'catchup = ''all'' needs a misfire_grace';
+        hint := 'Say how far back missed slots are run, e.g. misfire_grace = ''6 hours'': after a long outage every slot would run otherwise.';
+    ELSIF s.overlap IS NULL OR s.overlap NOT IN ('skip', 'buffer_one', 'allow') THEN
+        problem := format('overlap must be skip, buffer_one or allow, not %s', coalesce(quote_literal(s.overlap), 'NULL'));
+    END IF;
+    IF hint IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
+    ELSIF problem IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
+    END IF;
+END
 $$;
 
 
@@ -304,6 +578,37 @@ $$;
 
 
 --
+-- Name: _cron_latest(dispatch.cron_spec, timestamp with time zone, timestamp with time zone, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._cron_latest(spec dispatch.cron_spec, lo timestamp with time zone, hi timestamp with time zone, tz text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    windows constant interval[] := '{1 minute, 1 hour, 1 day, 32 days, 366 days, 3000 days, 15000 days}';
+    w interval;
+    t timestamptz;
+    n timestamptz;
+BEGIN
+    FOREACH w IN ARRAY windows LOOP
+        t := dispatch.cron_spec_next(spec, greatest(lo, hi - w), tz);
+        IF t <= hi THEN
+            LOOP
+                n := dispatch.cron_spec_next(spec, t, tz);
+                EXIT WHEN n > hi;
+                t := n;
+            END LOOP;
+            RETURN t;
+        END IF;
+        EXIT WHEN hi - w <= lo;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+
+--
 -- Name: _cron_match_from(dispatch.cron_spec, timestamp without time zone); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -362,6 +667,26 @@ $$;
 
 
 --
+-- Name: _cron_slots(dispatch.cron_spec, timestamp with time zone, timestamp with time zone, text, integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._cron_slots(spec dispatch.cron_spec, lo timestamp with time zone, hi timestamp with time zone, tz text, max_n integer) RETURNS SETOF timestamp with time zone
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    t timestamptz := lo;
+BEGIN
+    FOR i IN 1..max_n LOOP
+        t := dispatch.cron_spec_next(spec, t, tz);
+        EXIT WHEN t > hi;
+        RETURN NEXT t;
+    END LOOP;
+END
+$$;
+
+
+--
 -- Name: _cron_value(text, text, text, integer, integer); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -401,6 +726,39 @@ $_$;
 
 
 --
+-- Name: _end_late_retries(bigint[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._end_late_retries(run_ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    ended dispatch.runs[];
+BEGIN
+    IF run_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    WITH taken AS (
+        SELECT r.id FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id
+        WHERE r.id = ANY (_end_late_retries.run_ids) AND r.status = 'pending'
+        FOR UPDATE OF r SKIP LOCKED
+        FOR NO KEY UPDATE OF s SKIP LOCKED
+    ), late AS (
+        UPDATE dispatch.runs r
+        SET status = 'error', finished_at = now(), not_before = NULL,
+            error = left(coalesce(r.error, 'failed') || '; not retried: the next slot came first', 500)
+        FROM taken t WHERE r.id = t.id
+        RETURNING r
+    )
+    SELECT array_agg(l.r) INTO ended FROM late l;
+    PERFORM dispatch._finish_runs(ended);
+    RETURN coalesce(cardinality(ended), 0);
+END
+$$;
+
+
+--
 -- Name: _end_stale_runs(bigint[], boolean); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -418,7 +776,8 @@ BEGIN
               FROM dispatch.runs r
               JOIN dispatch.schedules s ON s.id = r.schedule_id
               WHERE r.id = ANY (_end_stale_runs.run_ids) AND r.status = 'pending'
-                AND NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                AND (NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                     OR dispatch._missed(r, s))
               FOR UPDATE OF r) l;
     ELSE
         SELECT array_agg(l.id) INTO ids
@@ -426,7 +785,8 @@ BEGIN
               FROM dispatch.runs r
               JOIN dispatch.schedules s ON s.id = r.schedule_id
               WHERE r.id = ANY (_end_stale_runs.run_ids) AND r.status = 'pending'
-                AND NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                AND (NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                     OR dispatch._missed(r, s))
               FOR UPDATE OF r SKIP LOCKED
               FOR NO KEY UPDATE OF s SKIP LOCKED) l;
     END IF;
@@ -438,12 +798,17 @@ BEGIN
         UPDATE dispatch.runs r
         SET status = CASE WHEN r.attempt > 0 THEN 'lost' ELSE 'skipped' END,
             finished_at = now(),
-            error = format('schedule %s before the run was %s',
-                           CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
-                                WHEN s.paused_at IS NOT NULL THEN 'paused'
-                                ELSE 'disabled' END,
-                           CASE WHEN r.attempt > 0 THEN 'retried (an earlier attempt may have run)'
-                                ELSE 'claimed' END)
+            not_before = NULL,
+            error = CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                         THEN format('schedule %s before the run was %s',
+                                     CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
+                                          WHEN s.paused_at IS NOT NULL THEN 'paused'
+                                          ELSE 'disabled' END,
+                                     CASE WHEN r.attempt > 0 THEN 'retried (an earlier attempt may have run)'
+                                          ELSE 'claimed' END)
+                         ELSE format('%s (misfire_grace %s)', dispatch._missed_by(now() - r.scheduled_for),
+                                     s.misfire_grace)
+                    END
         FROM dispatch.schedules s
         WHERE r.id = ANY (ids) AND s.id = r.schedule_id
         RETURNING r
@@ -484,7 +849,9 @@ BEGIN
     -- Attempts left and the schedule live: retry under the same request id.
     UPDATE dispatch.runs r
     SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
-        error = left(format('lease of %s expired on attempt %s', r.worker, r.attempt), 500)
+        error = left(format('lease of %s expired on attempt %s', r.worker, r.attempt), 500),
+        earlier_attempts = coalesce(r.earlier_attempts, '[]') || jsonb_build_object(
+            'attempt', r.attempt, 'status', 'lost', 'error', format('lease of %s expired', r.worker), 'at', clock)
     FROM dispatch.schedules s
     WHERE r.id = ANY (ids) AND s.id = r.schedule_id
       AND r.attempt < s.max_attempts AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL;
@@ -523,13 +890,103 @@ CREATE FUNCTION dispatch._finish_runs(finished dispatch.runs[]) RETURNS TABLE(ru
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+    ids bigint[];
+    advances boolean[];
+    follow_ups uuid[];
 BEGIN
     IF coalesce(cardinality(_finish_runs.finished), 0) = 0 THEN
         RETURN;
     END IF;
     PERFORM dispatch._audit_runs(_finish_runs.finished);
-    RETURN QUERY SELECT * FROM dispatch._settle_runs(_finish_runs.finished);
+    SELECT array_agg(a.run_id), array_agg(a.advanced),
+           array_agg(DISTINCT f.schedule_id) FILTER (WHERE a.follow_up)
+    INTO ids, advances, follow_ups
+    FROM dispatch._settle_runs(_finish_runs.finished) a
+    JOIN unnest(_finish_runs.finished) f ON f.id = a.run_id;
+    IF follow_ups IS NOT NULL THEN
+        PERFORM dispatch._follow_up(follow_ups);
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(ids, advances);
 END
+$$;
+
+
+--
+-- Name: _follow_up(uuid[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._follow_up(schedule_ids uuid[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    clock constant timestamptz := clock_timestamp();
+    ready integer;
+    sid uuid;
+BEGIN
+    -- The waiting run starts. The slots that came due while it waited (the buffer was full) are
+    -- dropped under catchup latest: the schedule moves on to the first slot after the clock.
+    WITH released AS (
+        UPDATE dispatch.runs r
+        SET not_before = NULL
+        WHERE r.schedule_id = ANY (_follow_up.schedule_ids) AND r.status = 'pending' AND r.not_before = 'infinity'
+          AND NOT EXISTS (SELECT 1 FROM dispatch.runs o
+                          WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
+                            AND o.id <> r.id AND o.not_before IS DISTINCT FROM 'infinity')
+        RETURNING r.schedule_id, r.scheduled_for
+    ), moved AS (
+        UPDATE dispatch.schedules s
+        SET next_run_at = coalesce(dispatch._next_slot(s.cron_spec,
+                                                       CASE WHEN s.catchup = 'all' THEN x.scheduled_for
+                                                            ELSE greatest(x.scheduled_for, clock) END,
+                                                       s.timezone),
+                                   s.next_run_at)
+        FROM released x
+        WHERE s.id = x.schedule_id AND s.next_run_at <= x.scheduled_for
+        RETURNING 1
+    )
+    SELECT count(*) INTO ready FROM released;
+    FOR sid IN
+        SELECT s.id FROM dispatch.schedules s
+        WHERE s.id = ANY (_follow_up.schedule_ids) AND s.catchup = 'all' AND s.next_run_at <= clock
+    LOOP
+        ready := ready + dispatch._tick_schedule_guarded(sid, clock);
+    END LOOP;
+    IF ready > 0 THEN
+        PERFORM pg_notify('dispatch', json_build_object('marked', ready)::text);
+    END IF;
+    RETURN ready;
+END
+$$;
+
+
+--
+-- Name: _missed(dispatch.runs, dispatch.schedules); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._missed(r dispatch.runs, s dispatch.schedules) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT r.attempt = 0 AND s.misfire_grace IS NOT NULL AND now() - r.scheduled_for > s.misfire_grace
+$$;
+
+
+--
+-- Name: _missed_by(interval); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._missed_by(late interval) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT 'missed by ' || CASE
+        WHEN late >= interval '1 day' THEN extract(day FROM late)::int || ' d ' || extract(hour FROM late)::int || ' h'
+        WHEN late >= interval '1 hour' THEN extract(hour FROM late)::int || ' h ' || extract(minute FROM late)::int || ' min'
+        WHEN late >= interval '1 minute' THEN extract(minute FROM late)::int || ' min ' || floor(extract(second FROM late))::int || ' s'
+        ELSE round(extract(epoch FROM late))::int || ' s'
+    END
 $$;
 
 
@@ -564,157 +1021,6 @@ EXCEPTION WHEN OTHERS THEN
     RETURN NULL;
 END
 $$;
-
-
---
--- Name: schedules; Type: TABLE; Schema: dispatch; Owner: -
---
-
-CREATE TABLE dispatch.schedules (
-    id uuid DEFAULT gen_random_uuid() NOT NULL,
-    project_id text NOT NULL,
-    function_name text NOT NULL,
-    cron_expression text NOT NULL,
-    timezone text DEFAULT 'UTC'::text NOT NULL,
-    args jsonb DEFAULT '{}'::jsonb NOT NULL,
-    enabled boolean DEFAULT true NOT NULL,
-    deleted_at timestamp with time zone,
-    next_run_at timestamp with time zone,
-    last_run_at timestamp with time zone,
-    last_status text,
-    last_error text,
-    max_attempts integer DEFAULT 3 NOT NULL,
-    cron_spec dispatch.cron_spec NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    paused_at timestamp with time zone,
-    paused_by text,
-    paused_reason text,
-    last_slot timestamp with time zone,
-    backoff_reason text,
-    CONSTRAINT schedules_args_check CHECK ((jsonb_typeof(args) = 'object'::text)),
-    CONSTRAINT schedules_backoff_check CHECK (((backoff_reason IS NULL) OR (next_run_at IS NOT NULL))),
-    CONSTRAINT schedules_last_status_check CHECK ((last_status = ANY (ARRAY['ok'::text, 'error'::text, 'skipped'::text, 'lost'::text]))),
-    CONSTRAINT schedules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 10))),
-    CONSTRAINT schedules_next_run_at_after_last_slot_check CHECK ((next_run_at > last_slot)),
-    CONSTRAINT schedules_next_run_at_live_check CHECK (((next_run_at IS NOT NULL) = (enabled AND (deleted_at IS NULL) AND (paused_at IS NULL)))),
-    CONSTRAINT schedules_paused_check CHECK (((paused_at IS NOT NULL) OR ((paused_by IS NULL) AND (paused_reason IS NULL)))),
-    CONSTRAINT schedules_paused_reason_length_check CHECK ((length(paused_reason) <= 500)),
-    CONSTRAINT schedules_project_id_check CHECK (((project_id ~ '^[^[:space:][:cntrl:]/]{1,200}$'::text) AND (project_id !~ '^[.]{1,2}$'::text)))
-)
-WITH (fillfactor='80');
-
-
---
--- Name: TABLE schedules; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON TABLE dispatch.schedules IS 'One row per schedule. INSERT/UPDATE from any client validates cron_expression, timezone and function_name and computes next_run_at.';
-
-
---
--- Name: COLUMN schedules.project_id; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.project_id IS 'Tenant: 1-200 characters, no whitespace, control characters or /, not . or .. (it is one segment of the invoke URL).';
-
-
---
--- Name: COLUMN schedules.function_name; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.function_name IS 'Function to call: a letter or digit, then letters, digits, _ . - (at most 128); percent-encoded into the invoke URL.';
-
-
---
--- Name: COLUMN schedules.timezone; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.timezone IS 'IANA zone name (pg_timezone_names) the expression is read in.';
-
-
---
--- Name: COLUMN schedules.args; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.args IS 'JSON object passed as "args" in the request body; at most 4 MiB of JSON text and 64 levels deep.';
-
-
---
--- Name: COLUMN schedules.deleted_at; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.deleted_at IS 'Soft delete: set it to stop the schedule and keep its history.';
-
-
---
--- Name: COLUMN schedules.next_run_at; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.next_run_at IS 'Next slot to fire; NULL exactly when the schedule is stopped (disabled, paused or deleted). Stays on a slot while its run is open; finishing the run advances it past the slot. Written only by the system.';
-
-
---
--- Name: COLUMN schedules.last_status; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.last_status IS 'Status of the latest finished run: ok, error, skipped or lost.';
-
-
---
--- Name: COLUMN schedules.max_attempts; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.max_attempts IS 'Claims a run may take before an expired lease makes it lost.';
-
-
---
--- Name: COLUMN schedules.cron_spec; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.cron_spec IS 'cron_expression parsed by the write trigger (dispatch.cron_parse).';
-
-
---
--- Name: COLUMN schedules.updated_at; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.updated_at IS 'Last change to the definition (not to next_run_at or last_*).';
-
-
---
--- Name: COLUMN schedules.paused_at; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.paused_at IS 'Set by dispatch.pause(): the schedule keeps its definition and has no next_run_at until dispatch.resume().';
-
-
---
--- Name: COLUMN schedules.paused_by; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.paused_by IS 'The login (session_user) that paused it.';
-
-
---
--- Name: COLUMN schedules.paused_reason; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.paused_reason IS 'Why it was paused, as given to dispatch.pause(); at most 500 characters.';
-
-
---
--- Name: COLUMN schedules.last_slot; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.last_slot IS 'The latest slot whose run has finished (ok, error, skipped or lost). next_run_at is always later (invariant 2).';
-
-
---
--- Name: COLUMN schedules.backoff_reason; Type: COMMENT; Schema: dispatch; Owner: -
---
-
-COMMENT ON COLUMN dispatch.schedules.backoff_reason IS 'Set while the next slot cannot be computed (its zone is gone from the tz database): next_run_at is then a back-off instant, one hour on, at which dispatch.tick records a skipped run and tries again. Never invoked at such an instant (invariant 6).';
 
 
 --
@@ -809,6 +1115,21 @@ $$;
 
 
 --
+-- Name: _retry_delay(dispatch.schedules, integer, integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._retry_delay(s dispatch.schedules, attempt integer, retry_after_ms integer) RETURNS interval
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT least(CASE WHEN retry_after_ms IS NOT NULL THEN make_interval(secs => greatest(retry_after_ms, 0) / 1000.0)
+                      ELSE random() * least(s.retry_backoff * power(2, least(attempt - 1, 30)), s.retry_backoff_max)
+                 END,
+                 s.retry_backoff_max)
+$$;
+
+
+--
 -- Name: _schedule_audit(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -834,7 +1155,8 @@ BEGIN
         FROM jsonb_each(to_jsonb(NEW)) n
         JOIN jsonb_each(to_jsonb(OLD)) o USING (key)
         WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled',
-                        'deleted_at', 'max_attempts')
+                        'deleted_at', 'max_attempts', 'retry_backoff', 'retry_backoff_max', 'timeout',
+                        'misfire_grace', 'catchup', 'overlap')
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -844,8 +1166,9 @@ BEGIN
                 'functionName', NEW.function_name,
                 'cronExpression', NEW.cron_expression,
                 'timezone', NEW.timezone,
-                'reason', CASE WHEN action = 'schedule.pause' THEN NEW.paused_reason END,
-                'changed', changed)));
+                'reason', CASE WHEN action = 'schedule.pause' THEN NEW.paused_reason END))
+            -- after the stripping: a column set to NULL shows as null
+            || coalesce(jsonb_build_object('changed', changed), '{}'));
     RETURN NULL;
 END
 $$;
@@ -895,6 +1218,7 @@ BEGIN
     IF TG_OP = 'INSERT' OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
         PERFORM dispatch.check_timezone(NEW.timezone);
     END IF;
+    PERFORM dispatch._check_policies(NEW);
 
     live := NEW.enabled AND NEW.deleted_at IS NULL AND NEW.paused_at IS NULL;
     IF NOT live THEN
@@ -972,27 +1296,233 @@ $$;
 
 
 --
+-- Name: _schedule_unbuffer(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._schedule_unbuffer() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    ended dispatch.runs[];
+BEGIN
+    IF NEW.overlap = 'allow' THEN
+        UPDATE dispatch.runs SET not_before = NULL
+        WHERE schedule_id = NEW.id AND status = 'pending' AND not_before = 'infinity';
+        IF FOUND THEN
+            PERFORM pg_notify('dispatch', 'released');
+        END IF;
+    ELSE
+        WITH k AS (
+            UPDATE dispatch.runs r
+            SET status = 'skipped', finished_at = now(), not_before = NULL,
+                error = format('overlap changed to %s while the run waited behind the one before', NEW.overlap)
+            WHERE r.schedule_id = NEW.id AND r.status = 'pending' AND r.not_before = 'infinity'
+            RETURNING r
+        )
+        SELECT array_agg(k.r) INTO ended FROM k;
+        PERFORM dispatch._finish_runs(ended);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+
+--
 -- Name: _settle_runs(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._settle_runs(finished dispatch.runs[]) RETURNS TABLE(run_id bigint, advanced boolean)
+CREATE FUNCTION dispatch._settle_runs(finished dispatch.runs[]) RETURNS TABLE(run_id bigint, advanced boolean, follow_up boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     ids bigint[];
     advances boolean[];
+    follow_ups boolean[];
 BEGIN
     -- Collected into arrays inside the block, returned after it: rows a failed attempt had
     -- already returned would otherwise stay in the result.
     BEGIN
-        SELECT array_agg(a.run_id), array_agg(a.advanced) INTO ids, advances
+        SELECT array_agg(a.run_id), array_agg(a.advanced), array_agg(a.follow_up) INTO ids, advances, follow_ups
         FROM dispatch._advance_schedules(_settle_runs.finished, false) a;
     EXCEPTION WHEN OTHERS THEN
-        SELECT array_agg(a.run_id), array_agg(a.advanced) INTO ids, advances
+        SELECT array_agg(a.run_id), array_agg(a.advanced), array_agg(a.follow_up) INTO ids, advances, follow_ups
         FROM dispatch._advance_schedules(_settle_runs.finished, true) a;
     END;
-    RETURN QUERY SELECT * FROM unnest(ids, advances);
+    RETURN QUERY SELECT * FROM unnest(ids, advances, follow_ups);
+END
+$$;
+
+
+--
+-- Name: _skip_missed(dispatch.schedules, timestamp with time zone, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._skip_missed(s dispatch.schedules, from_slot timestamp with time zone, cut timestamp with time zone, horizon timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    slots timestamptz[];
+    last timestamptz;
+    skipped dispatch.runs[];
+    counted integer;
+BEGIN
+    slots := from_slot || ARRAY(SELECT dispatch._cron_slots(s.cron_spec, from_slot, cut - interval '1 microsecond',
+                                                            s.timezone, 100));
+    IF cardinality(slots) <= 100 THEN
+        WITH k AS (
+            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, status, finished_at, error)
+            SELECT s.id, slot, 'skipped', now(), dispatch._missed_by(horizon - slot)
+            FROM unnest(slots) AS slot
+            ON CONFLICT DO NOTHING
+            RETURNING r
+        )
+        SELECT array_agg(k.r) INTO skipped FROM k;
+        IF skipped IS NOT NULL THEN
+            PERFORM dispatch._audit_runs(skipped);
+        END IF;
+        last := slots[cardinality(slots)];
+    ELSE
+        last := coalesce(dispatch._cron_latest(s.cron_spec, from_slot, cut - interval '1 microsecond', s.timezone),
+                         from_slot);
+        SELECT count(*) + 1 INTO counted
+        FROM dispatch._cron_slots(s.cron_spec, from_slot, last, s.timezone, 10000) AS slot;
+        INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+        VALUES (NULL, s.project_id, 'schedule.run.skipped', jsonb_build_object(
+            'scheduleId', s.id, 'functionName', s.function_name, 'from', from_slot, 'to', last,
+            'count', counted, 'countIsAtLeast', counted > 10000,
+            'error', format('%s slots %s: beyond misfire_grace %s', counted,
+                            dispatch._missed_by(horizon - last) || ' or more', s.misfire_grace)));
+    END IF;
+    UPDATE dispatch.schedules
+    SET next_run_at = dispatch.cron_spec_next(s.cron_spec, last, s.timezone),
+        last_slot = greatest(last_slot, last), last_status = 'skipped', last_run_at = now(),
+        last_error = dispatch._missed_by(horizon - last)
+    WHERE id = s.id;
+    RETURN last;
+END
+$$;
+
+
+--
+-- Name: _tick_schedule(uuid, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._tick_schedule(schedule_id uuid, horizon timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    s dispatch.schedules;
+    slot_run dispatch.runs;
+    open_runs integer;
+    cut timestamptz;
+    first_in_grace timestamptz;
+    target timestamptz;
+    slots timestamptz[];
+    skipped dispatch.runs[];
+BEGIN
+    SELECT * INTO s FROM dispatch.schedules x WHERE x.id = _tick_schedule.schedule_id;
+    IF s.next_run_at IS NULL OR s.next_run_at > horizon THEN
+        RETURN 0;
+    END IF;
+    SELECT * INTO slot_run FROM dispatch.runs r WHERE r.schedule_id = s.id AND r.scheduled_for = s.next_run_at;
+    SELECT count(*) INTO open_runs FROM dispatch.runs r WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running');
+
+    -- A slot already finished (a completion that found the schedule locked, a write that put
+    -- it back): move past it.
+    IF slot_run.id IS NOT NULL AND slot_run.status NOT IN ('pending', 'running') THEN
+        PERFORM dispatch._settle_runs(ARRAY[slot_run]);
+        RETURN 0;
+    END IF;
+    -- An expression that cannot be evaluated: one skipped run per back-off instant, never an
+    -- invocation (invariant 6).
+    IF s.backoff_reason IS NOT NULL THEN
+        WITH k AS (
+            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, status, finished_at, error)
+            VALUES (s.id, s.next_run_at, 'skipped', now(), left(s.backoff_reason, 500))
+            RETURNING r
+        )
+        SELECT array_agg(k.r) INTO skipped FROM k;
+        PERFORM dispatch._finish_runs(skipped);
+        RETURN 0;
+    END IF;
+    -- A run open: skip waits for it. buffer_one lets one slot wait behind it: the first that came
+    -- due since the open run's (the others are dropped when the waiting run is let go, see
+    -- dispatch._follow_up).
+    IF s.overlap <> 'allow' AND (slot_run.id IS NOT NULL OR open_runs > 0) THEN
+        IF s.overlap = 'buffer_one'
+           AND NOT EXISTS (SELECT 1 FROM dispatch.runs r
+                           WHERE r.schedule_id = s.id AND r.status = 'pending' AND r.not_before = 'infinity') THEN
+            target := CASE WHEN slot_run.id IS NULL THEN s.next_run_at
+                           ELSE dispatch.cron_spec_next(s.cron_spec, s.next_run_at, s.timezone) END;
+            IF target <= horizon THEN
+                INSERT INTO dispatch.runs (schedule_id, scheduled_for, not_before)
+                VALUES (s.id, target, 'infinity')
+                ON CONFLICT DO NOTHING;
+                UPDATE dispatch.schedules SET next_run_at = target WHERE id = s.id;
+                RETURN 1;
+            END IF;
+        END IF;
+        RETURN 0;
+    END IF;
+
+    -- The slots missed since next_run_at. Those beyond the grace are recorded, never invoked.
+    cut := CASE WHEN s.misfire_grace IS NULL THEN '-infinity' ELSE horizon - s.misfire_grace END;
+    first_in_grace := s.next_run_at;
+    IF s.next_run_at < cut THEN
+        first_in_grace := dispatch.cron_spec_next(s.cron_spec, dispatch._skip_missed(s, s.next_run_at, cut, horizon),
+                                                  s.timezone);
+    END IF;
+    IF first_in_grace > horizon THEN  -- nothing left to run: on to the next slot
+        UPDATE dispatch.schedules SET next_run_at = first_in_grace WHERE id = s.id;
+        RETURN 0;
+    END IF;
+
+    IF s.catchup = 'all' AND s.overlap = 'allow' THEN
+        -- every slot in the grace, at once (allow: slots do not wait for one another)
+        slots := first_in_grace || ARRAY(SELECT dispatch._cron_slots(s.cron_spec, first_in_grace, horizon,
+                                                                     s.timezone, 999));
+    ELSIF s.catchup = 'all' THEN
+        slots := ARRAY[first_in_grace];  -- the oldest; the next once it finished (one open run at a time)
+    ELSE
+        -- latest: only the most recent; the older ones in the grace are coalesced into it
+        slots := ARRAY[coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
+                                                      horizon, s.timezone), first_in_grace)];
+    END IF;
+    INSERT INTO dispatch.runs (schedule_id, scheduled_for)
+    SELECT s.id, slot FROM unnest(slots) AS slot
+    ON CONFLICT DO NOTHING;
+    target := slots[cardinality(slots)];
+    UPDATE dispatch.schedules
+    SET next_run_at = CASE WHEN s.overlap = 'allow' THEN dispatch.cron_spec_next(s.cron_spec, target, s.timezone)
+                           ELSE target END  -- skip, buffer_one: on the slot until its run finishes
+    WHERE id = s.id;
+    RETURN cardinality(slots);
+END
+$$;
+
+
+--
+-- Name: _tick_schedule_guarded(uuid, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._tick_schedule_guarded(schedule_id uuid, horizon timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN dispatch._tick_schedule(schedule_id, horizon);
+EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'cannot compute the slots of schedule %: %', schedule_id, SQLERRM;
+    UPDATE dispatch.schedules s
+    SET next_run_at = greatest(s.next_run_at, clock_timestamp()) + interval '1 hour',
+        backoff_reason = format('cannot compute the next slot of "%s" in time zone %s (see the server log); trying again every hour',
+                                s.cron_expression, s.timezone)
+    WHERE s.id = _tick_schedule_guarded.schedule_id;
+    RETURN 0;
 END
 $$;
 
@@ -1072,32 +1602,63 @@ COMMENT ON FUNCTION dispatch.check_timezone(tz text) IS 'Return tz when it is a 
 
 
 --
--- Name: claim_runs(text, integer, interval); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: claim_runs(text, integer, interval, interval); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval DEFAULT '00:01:00'::interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone)
+CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval DEFAULT '00:01:00'::interval, default_timeout interval DEFAULT NULL::interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone, timeout interval)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
     live_ids bigint[];
+    late_ids bigint[];
+    more_live bigint[];
     stale_ids bigint[];
+    more_stale bigint[];
 BEGIN
-    -- Oldest slot first; a run another transaction holds is skipped, so concurrent claims never
-    -- get the same run and never wait. A run whose schedule stopped is not handed out: the
-    -- transaction that stopped it ended every run it could see, and this ends the ones that
-    -- became pending behind its back (a release or a lease expiry racing it).
-    SELECT array_agg(p.id) FILTER (WHERE p.live), array_agg(p.id) FILTER (WHERE NOT p.live)
-    INTO live_ids, stale_ids
-    FROM (SELECT r.id, s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL AS live
+    -- Two queues, each read oldest first: retries whose back-off is over, then runs marked for
+    -- their slot. A run another transaction holds is skipped, so concurrent claims never get the
+    -- same run and never wait.
+    --
+    -- Some runs are not handed out. A retry that can no longer start before its schedule's
+    -- next slot ends error (late_ids). A run whose schedule stopped, or whose first attempt
+    -- cannot start within misfire_grace, ends skipped (stale_ids): the transaction that stopped
+    -- a schedule ended every run it could see, this ends those that became pending behind its
+    -- back (a release or a lease expiry racing it).
+    SELECT array_agg(p.id) FILTER (WHERE p.state = 'live'), array_agg(p.id) FILTER (WHERE p.state = 'late'),
+           array_agg(p.id) FILTER (WHERE p.state = 'stale')
+    INTO live_ids, late_ids, stale_ids
+    FROM (SELECT r.id,
+                 CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
+                      WHEN now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
+                      ELSE 'live' END AS state
           FROM dispatch.runs r
           JOIN dispatch.schedules s ON s.id = r.schedule_id
-          WHERE r.status = 'pending'
-          ORDER BY r.scheduled_for, r.id
+          WHERE r.status = 'pending' AND r.not_before <= now()
+          ORDER BY r.not_before, r.id
           LIMIT claim_runs.max_runs
           FOR UPDATE OF r SKIP LOCKED) p;
-    IF stale_ids IS NOT NULL THEN
+
+    IF coalesce(cardinality(live_ids), 0) + coalesce(cardinality(late_ids), 0)
+       + coalesce(cardinality(stale_ids), 0) < claim_runs.max_runs THEN
+        SELECT array_agg(p.id) FILTER (WHERE p.live), array_agg(p.id) FILTER (WHERE NOT p.live)
+        INTO more_live, more_stale
+        FROM (SELECT r.id,
+                     s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL AND NOT dispatch._missed(r, s) AS live
+              FROM dispatch.runs r
+              JOIN dispatch.schedules s ON s.id = r.schedule_id
+              WHERE r.status = 'pending' AND r.not_before IS NULL
+              ORDER BY r.scheduled_for, r.id
+              LIMIT claim_runs.max_runs - coalesce(cardinality(live_ids), 0) - coalesce(cardinality(late_ids), 0)
+                    - coalesce(cardinality(stale_ids), 0)
+              FOR UPDATE OF r SKIP LOCKED) p;
+        live_ids := live_ids || more_live;
+        stale_ids := stale_ids || more_stale;
+    END IF;
+
+    IF late_ids IS NOT NULL OR stale_ids IS NOT NULL THEN
+        PERFORM dispatch._end_late_retries(late_ids);
         PERFORM dispatch._end_stale_runs(stale_ids, wait => false);
         -- fewer runs than asked for although more may be pending: have the claimers come back
         PERFORM pg_notify('dispatch', 'ended');
@@ -1106,33 +1667,37 @@ BEGIN
         RETURN;
     END IF;
 
+    -- The lease covers the run's invocation timeout (the schedule's own, else the caller's)
+    -- plus the margin the caller gave beyond its timeout.
     RETURN QUERY
     UPDATE dispatch.runs r
     SET status = 'running',
         worker = claim_runs.worker,
         claimed_at = now(),
-        lease_until = now() + claim_runs.lease,
+        lease_until = now() + claim_runs.lease
+                      + coalesce(s.timeout - coalesce(claim_runs.default_timeout, interval '0'), interval '0'),
+        not_before = NULL,
         attempt = r.attempt + 1
     FROM dispatch.schedules s
     WHERE r.id = ANY (live_ids) AND s.id = r.schedule_id
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
-              r.request_id, r.scheduled_for, r.attempt, r.lease_until;
+              r.request_id, r.scheduled_for, r.attempt, r.lease_until, coalesce(s.timeout, claim_runs.default_timeout);
 END
 $$;
 
 
 --
--- Name: FUNCTION claim_runs(worker text, max_runs integer, lease interval); Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: FUNCTION claim_runs(worker text, max_runs integer, lease interval, default_timeout interval); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval) IS 'Move up to max_runs pending runs of live schedules, oldest slot first, to running for worker with a lease (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits) and return what is needed to invoke them. attempt is the fencing token to pass to complete_runs or release_runs. The lease must outlast the invocation timeout.';
+COMMENT ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval, default_timeout interval) IS 'Move up to max_runs pending runs of live schedules to running for worker and return what is needed to invoke them: retries whose back-off is over first, then runs in slot order (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits). attempt is the fencing token to pass to complete_runs or release_runs. timeout is the invocation timeout to apply: the schedule''s, else default_timeout (the caller''s). lease_until is now + lease, plus the schedule''s timeout minus default_timeout when the schedule has its own: give lease = default_timeout plus a margin. Runs that must not start end instead: a retry past the next slot (error), a first attempt past misfire_grace, a run of a stopped schedule (skipped).';
 
 
 --
--- Name: complete_run(bigint, text, integer, text, text, integer, integer, boolean, boolean, boolean); Type: PROCEDURE; Schema: dispatch; Owner: -
+-- Name: complete_run(bigint, text, integer, text, text, integer, integer, boolean, integer, boolean, boolean, boolean, timestamp with time zone); Type: PROCEDURE; Schema: dispatch; Owner: -
 --
 
-CREATE PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text DEFAULT NULL::text, IN http_status integer DEFAULT NULL::integer, IN duration_ms integer DEFAULT NULL::integer, INOUT recorded boolean DEFAULT NULL::boolean, INOUT advanced boolean DEFAULT NULL::boolean, INOUT busy boolean DEFAULT NULL::boolean)
+CREATE PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text DEFAULT NULL::text, IN http_status integer DEFAULT NULL::integer, IN duration_ms integer DEFAULT NULL::integer, IN retryable boolean DEFAULT false, IN retry_after_ms integer DEFAULT NULL::integer, INOUT recorded boolean DEFAULT NULL::boolean, INOUT advanced boolean DEFAULT NULL::boolean, INOUT busy boolean DEFAULT NULL::boolean, INOUT retry_at timestamp with time zone DEFAULT NULL::timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1142,32 +1707,38 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- One implementation of the transition: complete_runs, with a batch of one.
-    SELECT c.recorded, c.advanced, c.busy INTO complete_run.recorded, complete_run.advanced, complete_run.busy
+    SELECT c.recorded, c.advanced, c.busy, c.retry_at
+    INTO complete_run.recorded, complete_run.advanced, complete_run.busy, complete_run.retry_at
     FROM dispatch.complete_runs(complete_run.worker, ARRAY[complete_run.run_id], ARRAY[complete_run.attempt],
                                 ARRAY[complete_run.status], ARRAY[complete_run.error],
-                                ARRAY[complete_run.http_status], ARRAY[complete_run.duration_ms]) c;
+                                ARRAY[complete_run.http_status], ARRAY[complete_run.duration_ms],
+                                ARRAY[complete_run.retryable], ARRAY[complete_run.retry_after_ms]) c;
 END
 $$;
 
 
 --
--- Name: PROCEDURE complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean); Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: PROCEDURE complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, IN retryable boolean, IN retry_after_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean, INOUT retry_at timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean) IS 'dispatch.complete_runs for one run: record the outcome of a run still running with this attempt, advance its schedule, write the audit row, in one transaction. Returns recorded, advanced and busy (another transaction holds the run or its schedule: call again).';
+COMMENT ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, IN retryable boolean, IN retry_after_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean, INOUT retry_at timestamp with time zone) IS 'dispatch.complete_runs for one run: record the outcome of a run still running with this attempt (or, retryable with attempts left, schedule its retry), advance its schedule, write the audit row, in one transaction. Returns recorded, advanced, busy (another transaction holds the run or its schedule: call again) and retry_at.';
 
 
 --
--- Name: complete_runs(text, bigint[], integer[], text[], text[], integer[], integer[]); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: complete_runs(text, bigint[], integer[], text[], text[], integer[], integer[], boolean[], integer[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) RETURNS TABLE(run_id bigint, recorded boolean, advanced boolean, busy boolean)
+CREATE FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[], retryable boolean[] DEFAULT NULL::boolean[], retry_after_ms integer[] DEFAULT NULL::integer[]) RETURNS TABLE(run_id bigint, recorded boolean, advanced boolean, busy boolean, retry_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    clock constant timestamptz := clock_timestamp();
     taken bigint[];
     held bigint[];
+    retried_ids bigint[];
+    retried_at timestamptz[];
+    too_late bigint[];
     finished dispatch.runs[];
 BEGIN
     IF cardinality(complete_runs.attempts) IS DISTINCT FROM cardinality(complete_runs.run_ids)
@@ -1202,35 +1773,71 @@ BEGIN
         WHERE x.status = 'running' AND x.id <> ALL (coalesce(taken, '{}'));
     END IF;
 
+    -- Retryable failures with attempts left go back to pending until their back-off is over,
+    -- unless the retry would start only after the schedule's next slot.
+    IF true = ANY (complete_runs.retryable) THEN
+        WITH candidate AS (
+            SELECT x.id, x.attempt, i.error, i.http_status, i.duration_ms,
+                   clock + dispatch._retry_delay(s, x.attempt, i.retry_after_ms) AS at,
+                   dispatch._next_slot(s.cron_spec, x.scheduled_for, s.timezone) AS next_slot
+            FROM dispatch.runs x
+            JOIN dispatch.schedules s ON s.id = x.schedule_id
+            JOIN unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
+                        complete_runs.http_statuses, complete_runs.durations_ms, complete_runs.retryable,
+                        complete_runs.retry_after_ms)
+                 AS i(id, status, error, http_status, duration_ms, retryable, retry_after_ms) ON i.id = x.id
+            WHERE x.id = ANY (taken) AND i.status = 'error' AND i.retryable AND x.attempt < s.max_attempts
+        ), retried AS (
+            UPDATE dispatch.runs x
+            SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL, not_before = c.at,
+                error = left(c.error, 500), http_status = c.http_status, duration_ms = c.duration_ms,
+                earlier_attempts = coalesce(x.earlier_attempts, '[]') || jsonb_build_object(
+                    'attempt', c.attempt, 'status', 'error', 'error', left(c.error, 500),
+                    'httpStatus', c.http_status, 'durationMs', c.duration_ms, 'at', clock)
+            FROM candidate c
+            WHERE x.id = c.id AND (c.next_slot IS NULL OR c.at < c.next_slot)
+            RETURNING x.id, x.not_before
+        )
+        SELECT array_agg(r.id), array_agg(r.not_before),
+               (SELECT array_agg(c.id) FROM candidate c WHERE c.at >= c.next_slot)
+        INTO retried_ids, retried_at, too_late FROM retried r;
+        IF retried_ids IS NOT NULL THEN
+            PERFORM pg_notify('dispatch', 'schedules');  -- listeners' clocks wake for the retry
+        END IF;
+    END IF;
+
     WITH done AS (
         UPDATE dispatch.runs x
         SET status = i.status,
             finished_at = now(),
-            error = left(i.error, 500),
+            error = left(CASE WHEN x.id = ANY (too_late) THEN i.error || '; not retried: the next slot comes first'
+                              ELSE i.error END, 500),
             http_status = i.http_status,
             duration_ms = i.duration_ms
         FROM unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
                     complete_runs.http_statuses, complete_runs.durations_ms)
              AS i(id, status, error, http_status, duration_ms)
-        WHERE x.id = i.id AND x.id = ANY (taken)
+        WHERE x.id = i.id AND x.id = ANY (taken) AND x.id <> ALL (coalesce(retried_ids, '{}'))
         RETURNING x
     )
     SELECT array_agg(d.x) INTO finished FROM done d;
 
     RETURN QUERY
-    SELECT i.id, f.run_id IS NOT NULL, coalesce(f.advanced, false), coalesce(i.id = ANY (held), false)
+    SELECT i.id, f.run_id IS NOT NULL OR r.id IS NOT NULL, coalesce(f.advanced, false),
+           coalesce(i.id = ANY (held), false), r.at
     FROM unnest(complete_runs.run_ids) WITH ORDINALITY AS i(id, n)
     LEFT JOIN dispatch._finish_runs(coalesce(finished, '{}')) f ON f.run_id = i.id
+    LEFT JOIN unnest(retried_ids, retried_at) AS r(id, at) ON r.id = i.id
     ORDER BY i.n;
 END
 $$;
 
 
 --
--- Name: FUNCTION complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]); Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: FUNCTION complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[], retryable boolean[], retry_after_ms integer[]); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) IS 'Record the outcomes (ok or error; errors cut to 500 characters) of runs still running with the attempt given (the fence claim_runs returned; worker is informational), advance each schedule still on its run''s slot to the first slot after max(slot, now), and write one audit row per run, in one transaction. The arrays are parallel (errors, http_statuses and durations_ms may hold NULLs). Returns, for each input run: recorded; advanced (its schedule moved on); busy (not recorded because another transaction holds the run or its schedule: call again). Never waits on a row another transaction holds.';
+COMMENT ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[], retryable boolean[], retry_after_ms integer[]) IS 'Record the outcomes (ok or error; errors cut to 500 characters) of runs still running with the attempt given (the fence claim_runs returned; worker is informational), advance each schedule still on its run''s slot, and write one audit row per run (with every attempt in its metadata), in one transaction. An error marked retryable, with attempts left (max_attempts), goes back to pending until its back-off is over (retry_backoff doubled per attempt, full jitter, or retry_after_ms; capped by retry_backoff_max), unless that is after the schedule''s next slot. The arrays are parallel (errors, http_statuses, durations_ms, retryable and retry_after_ms may hold NULLs or be NULL). Returns, for each input run: recorded; advanced (its schedule moved on); busy (not recorded because another transaction holds the run or its schedule: call again); retry_at (when it will be retried). Never waits on a row another transaction holds.';
 
 
 --
@@ -1552,7 +2159,10 @@ CREATE FUNCTION dispatch.next_due_after(covered timestamp with time zone) RETURN
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
-    RETURN (SELECT min(next_run_at) FROM dispatch.schedules WHERE next_run_at > next_due_after.covered);
+    -- least() ignores NULLs: the earlier of the next slot and the next retry
+    RETURN least((SELECT min(s.next_run_at) FROM dispatch.schedules s WHERE s.next_run_at > next_due_after.covered),
+                 (SELECT min(r.not_before) FROM dispatch.runs r
+                  WHERE r.status = 'pending' AND r.not_before > next_due_after.covered AND r.not_before < 'infinity'));
 END
 $$;
 
@@ -1561,7 +2171,7 @@ $$;
 -- Name: FUNCTION next_due_after(covered timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.next_due_after(covered timestamp with time zone) IS 'The earliest next_run_at of a live schedule after "covered" (the instant a caller''s last dispatch.tick() marked up to: its now()). In the past when a slot came due since: tick at once. Schedules whose run is still open stay at their slot, at or before "covered", and are not answered again.';
+COMMENT ON FUNCTION dispatch.next_due_after(covered timestamp with time zone) IS 'The earliest next_run_at of a live schedule, or not_before of a retry, after "covered" (the instant a caller''s last dispatch.tick() marked up to: its now()). In the past when a slot came due since: tick at once. Schedules whose run is still open stay at their slot, at or before "covered", and are not answered again.';
 
 
 --
@@ -1578,7 +2188,7 @@ CREATE FUNCTION dispatch.next_due_at() RETURNS timestamp with time zone
 -- Name: FUNCTION next_due_at(); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.next_due_at() IS 'The earliest future next_run_at of a live schedule: when a listener should next call dispatch.tick().';
+COMMENT ON FUNCTION dispatch.next_due_at() IS 'The earliest future next_run_at of a live schedule or retry: when a listener should next call dispatch.tick().';
 
 
 --
@@ -1837,9 +2447,9 @@ DECLARE
     horizon constant timestamptz := tick.now;
     requeued integer;
     marked integer;
-    behind bigint[];
-    backing_off uuid[];
-    skipped dispatch.runs[];
+    by_policy uuid[];
+    sid uuid;
+    moved boolean := false;
 BEGIN
     -- Marking ahead of the clock fires schedules early: for tests and backfills by an
     -- administrator, never for a listener (invariant 5).
@@ -1854,50 +2464,43 @@ BEGIN
 
     requeued := dispatch._expire_leases();
 
-    -- Due schedules with no open run, each locked or left to the tick that holds it. Its slot
-    -- has no run yet (mark it), or has a finished one (the schedule is behind: a completion
-    -- found it locked, or a write put it back), or it is a back-off instant (invariant 6).
+    -- Due schedules, each locked or left to the tick that holds it. A schedule whose run is open
+    -- is not even locked when its overlap policy has nothing to add (skip; buffer_one with its
+    -- buffer full).
     WITH due AS MATERIALIZED (
-        SELECT s.id, s.next_run_at, s.backoff_reason, r.id AS slot_run
+        SELECT s.id, s.next_run_at,
+               s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
+               AND s.next_run_at > horizon - interval '1 minute'
+               AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace) AS on_time
         FROM dispatch.schedules s
         LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
+        CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
+                            WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')) o
         WHERE s.next_run_at <= horizon
-          AND NOT EXISTS (SELECT 1 FROM dispatch.runs o
-                          WHERE o.schedule_id = s.id AND o.status IN ('pending', 'running'))
+          AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
         FOR NO KEY UPDATE OF s SKIP LOCKED
     ), new_runs AS (
         INSERT INTO dispatch.runs (schedule_id, scheduled_for)
-        SELECT d.id, d.next_run_at FROM due d
-        WHERE d.slot_run IS NULL AND d.backoff_reason IS NULL
+        SELECT d.id, d.next_run_at FROM due d WHERE d.on_time
         ON CONFLICT DO NOTHING  -- cannot happen given the above; never an error if it did
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM new_runs),
-           array_agg(d.slot_run) FILTER (WHERE d.slot_run IS NOT NULL),
-           array_agg(d.id) FILTER (WHERE d.slot_run IS NULL AND d.backoff_reason IS NOT NULL)
-    INTO marked, behind, backing_off
+    SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.on_time)
+    INTO marked, by_policy
     FROM due d;
 
-    IF behind IS NOT NULL THEN
-        PERFORM dispatch._settle_runs(ARRAY(SELECT r FROM dispatch.runs r WHERE r.id = ANY (behind)));
-    END IF;
-    IF backing_off IS NOT NULL THEN
-        WITH k AS (
-            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, status, finished_at, error)
-            SELECT s.id, s.next_run_at, 'skipped', now(), left(s.backoff_reason, 500)
-            FROM dispatch.schedules s
-            WHERE s.id = ANY (backing_off)
-            RETURNING r
-        )
-        SELECT array_agg(k.r) INTO skipped FROM k;
-        PERFORM dispatch._finish_runs(skipped);
-    END IF;
+    FOREACH sid IN ARRAY coalesce(by_policy, '{}') LOOP
+        marked := marked + dispatch._tick_schedule_guarded(sid, horizon);
+        moved := true;
+    END LOOP;
 
-    IF marked + requeued > 0 THEN
+    -- Retries whose back-off is over wait for a claim like the runs just marked.
+    IF marked + requeued > 0
+       OR EXISTS (SELECT 1 FROM dispatch.runs r WHERE r.status = 'pending' AND r.not_before <= clock_timestamp()) THEN
         PERFORM pg_notify('dispatch', json_build_object('marked', marked, 'requeued', requeued)::text);
     END IF;
-    IF behind IS NOT NULL OR backing_off IS NOT NULL THEN
-        PERFORM pg_notify('dispatch', 'schedules');  -- next_run_at moved: listeners re-plan
+    IF moved THEN
+        PERFORM pg_notify('dispatch', 'schedules');  -- next_run_at may have moved: listeners re-plan
     END IF;
     RETURN marked;
 END
@@ -1908,7 +2511,7 @@ $$;
 -- Name: FUNCTION tick(now timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.tick(now timestamp with time zone) IS 'Expire leases by the real clock, then mark every live schedule due at or before "now" as a pending run (idempotent per slot), move schedules still on a finished slot past it, record a skipped run for each back-off instant reached, and NOTIFY dispatch when there is work. Returns how many runs it marked. Never waits on a row another transaction holds. A "now" ahead of the clock needs dispatch_admin. Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
+COMMENT ON FUNCTION dispatch.tick(now timestamp with time zone) IS 'Expire leases by the real clock, then mark every live schedule due at or before "now" as a pending run (idempotent per slot), following its run policies: slots missed beyond misfire_grace end skipped, catchup latest or all, overlap skip, buffer_one or allow. Also moves a schedule found on a finished slot past it and records a skipped run for each back-off instant reached. NOTIFY dispatch when there is work. Returns how many runs it marked. Never waits on a row another transaction holds. A "now" ahead of the clock needs dispatch_admin. Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
 
 
 --
@@ -2071,11 +2674,25 @@ CREATE VIEW dispatch.schedule_status AS
     s.paused_at,
     s.paused_by,
     s.paused_reason,
-    s.backoff_reason
+    s.backoff_reason,
+    s.max_attempts,
+    s.retry_backoff,
+    s.retry_backoff_max,
+    s.timeout,
+    s.misfire_grace,
+    s.catchup,
+    s.overlap,
+    COALESCE(open.runs, (0)::bigint) AS open_runs,
+    open.attempt AS current_attempt,
+    open.next_retry_at
    FROM ((dispatch.schedules s
-     LEFT JOIN LATERAL ( SELECT r.status
+     LEFT JOIN LATERAL ( SELECT count(*) AS runs,
+            (array_agg(r.status ORDER BY r.scheduled_for, r.id))[1] AS status,
+            (array_agg(r.attempt ORDER BY r.scheduled_for, r.id))[1] AS attempt,
+            min(r.not_before) FILTER (WHERE ((r.status = 'pending'::text) AND (r.not_before < 'infinity'::timestamp with time zone))) AS next_retry_at
            FROM dispatch.runs r
-          WHERE ((r.schedule_id = s.id) AND (r.status = ANY (ARRAY['pending'::text, 'running'::text])))) open ON (true))
+          WHERE ((r.schedule_id = s.id) AND (r.status = ANY (ARRAY['pending'::text, 'running'::text])))
+         HAVING (count(*) > 0)) open ON (true))
      LEFT JOIN LATERAL ( SELECT count(*) AS n
            FROM dispatch.runs r
           WHERE ((r.schedule_id = s.id) AND (r.status = ANY (ARRAY['error'::text, 'lost'::text])) AND (r.scheduled_for > COALESCE(( SELECT max(ok.scheduled_for) AS max
@@ -2088,7 +2705,7 @@ CREATE VIEW dispatch.schedule_status AS
 -- Name: VIEW schedule_status; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON VIEW dispatch.schedule_status IS 'One row per schedule that is not deleted: next and last run, the run in flight if any, failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, and why it is backing off (its next slot cannot be computed).';
+COMMENT ON VIEW dispatch.schedule_status IS 'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), and its run policies.';
 
 
 --
@@ -2237,17 +2854,24 @@ CREATE INDEX runs_created_at_brin_idx ON dispatch.runs USING brin (created_at);
 
 
 --
--- Name: runs_one_open_per_schedule_key; Type: INDEX; Schema: dispatch; Owner: -
+-- Name: runs_not_before_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
-CREATE UNIQUE INDEX runs_one_open_per_schedule_key ON dispatch.runs USING btree (schedule_id) WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
+CREATE INDEX runs_not_before_idx ON dispatch.runs USING btree (not_before, id) WHERE ((status = 'pending'::text) AND (not_before IS NOT NULL));
+
+
+--
+-- Name: runs_open_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX runs_open_idx ON dispatch.runs USING btree (schedule_id) WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
 
 
 --
 -- Name: runs_pending_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
-CREATE INDEX runs_pending_idx ON dispatch.runs USING btree (scheduled_for, id) WHERE (status = 'pending'::text);
+CREATE INDEX runs_pending_idx ON dispatch.runs USING btree (scheduled_for, id) WHERE ((status = 'pending'::text) AND (not_before IS NULL));
 
 
 --
@@ -2289,7 +2913,7 @@ CREATE TRIGGER _100_validate_insert BEFORE INSERT ON dispatch.schedules FOR EACH
 -- Name: schedules _100_validate_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, cron_spec ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
+CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
 
 
 --
@@ -2297,6 +2921,13 @@ CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, 
 --
 
 CREATE TRIGGER _200_end_pending AFTER UPDATE OF enabled, deleted_at, paused_at ON dispatch.schedules FOR EACH ROW WHEN (((new.next_run_at IS NULL) AND (old.next_run_at IS NOT NULL))) EXECUTE FUNCTION dispatch._schedule_end_pending();
+
+
+--
+-- Name: schedules _210_unbuffer; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _210_unbuffer AFTER UPDATE OF overlap ON dispatch.schedules FOR EACH ROW WHEN (((old.overlap = 'buffer_one'::text) AND (new.overlap <> 'buffer_one'::text))) EXECUTE FUNCTION dispatch._schedule_unbuffer();
 
 
 --
@@ -2310,7 +2941,7 @@ CREATE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules FOR EACH ROW
 -- Name: schedules _800_audit_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts))) EXECUTE FUNCTION dispatch._schedule_audit();
+CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts) OR (old.retry_backoff IS DISTINCT FROM new.retry_backoff) OR (old.retry_backoff_max IS DISTINCT FROM new.retry_backoff_max) OR (old.timeout IS DISTINCT FROM new.timeout) OR (old.misfire_grace IS DISTINCT FROM new.misfire_grace) OR (old.catchup IS DISTINCT FROM new.catchup) OR (old.overlap IS DISTINCT FROM new.overlap))) EXECUTE FUNCTION dispatch._schedule_audit();
 
 
 --
@@ -2356,84 +2987,6 @@ REVOKE ALL ON FUNCTION dispatch._advance_schedules(finished dispatch.runs[], gua
 --
 
 REVOKE ALL ON FUNCTION dispatch._audit_runs(finished dispatch.runs[]) FROM PUBLIC;
-
-
---
--- Name: FUNCTION _cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer) FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer) TO dispatch_listener;
-GRANT ALL ON FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer) TO dispatch_reader;
-GRANT ALL ON FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer) TO dispatch_admin;
-
-
---
--- Name: FUNCTION _cron_error(expr text, detail text, hint text); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._cron_error(expr text, detail text, hint text) FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch._cron_error(expr text, detail text, hint text) TO dispatch_listener;
-GRANT ALL ON FUNCTION dispatch._cron_error(expr text, detail text, hint text) TO dispatch_reader;
-GRANT ALL ON FUNCTION dispatch._cron_error(expr text, detail text, hint text) TO dispatch_admin;
-
-
---
--- Name: FUNCTION _cron_match_from(spec dispatch.cron_spec, t timestamp without time zone); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) TO dispatch_listener;
-GRANT ALL ON FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) TO dispatch_reader;
-GRANT ALL ON FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) TO dispatch_admin;
-
-
---
--- Name: FUNCTION _cron_value(expr text, field text, tok text, lo integer, hi integer); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) TO dispatch_listener;
-GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) TO dispatch_reader;
-GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) TO dispatch_admin;
-
-
---
--- Name: FUNCTION _end_stale_runs(run_ids bigint[], wait boolean); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._end_stale_runs(run_ids bigint[], wait boolean) FROM PUBLIC;
-
-
---
--- Name: FUNCTION _expire_leases(); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._expire_leases() FROM PUBLIC;
-
-
---
--- Name: FUNCTION _finish_runs(finished dispatch.runs[]); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._finish_runs(finished dispatch.runs[]) FROM PUBLIC;
-
-
---
--- Name: FUNCTION _next_bit(mask bigint, k integer); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._next_bit(mask bigint, k integer) FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch._next_bit(mask bigint, k integer) TO dispatch_listener;
-GRANT ALL ON FUNCTION dispatch._next_bit(mask bigint, k integer) TO dispatch_reader;
-GRANT ALL ON FUNCTION dispatch._next_bit(mask bigint, k integer) TO dispatch_admin;
-
-
---
--- Name: FUNCTION _next_slot(spec dispatch.cron_spec, after timestamp with time zone, tz text); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._next_slot(spec dispatch.cron_spec, after timestamp with time zone, tz text) FROM PUBLIC;
 
 
 --
@@ -2508,6 +3061,178 @@ GRANT INSERT(max_attempts),UPDATE(max_attempts) ON TABLE dispatch.schedules TO d
 
 
 --
+-- Name: COLUMN schedules.retry_backoff; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(retry_backoff),UPDATE(retry_backoff) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.retry_backoff_max; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(retry_backoff_max),UPDATE(retry_backoff_max) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.timeout; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(timeout),UPDATE(timeout) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.misfire_grace; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(misfire_grace),UPDATE(misfire_grace) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.catchup; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(catchup),UPDATE(catchup) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.overlap; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(overlap),UPDATE(overlap) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _check_policies(s dispatch.schedules); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._check_policies(s dispatch.schedules) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._check_policies(s dispatch.schedules) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._check_policies(s dispatch.schedules) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._check_policies(s dispatch.schedules) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _cron_error(expr text, detail text, hint text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._cron_error(expr text, detail text, hint text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._cron_error(expr text, detail text, hint text) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._cron_error(expr text, detail text, hint text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._cron_error(expr text, detail text, hint text) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _cron_latest(spec dispatch.cron_spec, lo timestamp with time zone, hi timestamp with time zone, tz text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._cron_latest(spec dispatch.cron_spec, lo timestamp with time zone, hi timestamp with time zone, tz text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _cron_match_from(spec dispatch.cron_spec, t timestamp without time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._cron_match_from(spec dispatch.cron_spec, t timestamp without time zone) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _cron_slots(spec dispatch.cron_spec, lo timestamp with time zone, hi timestamp with time zone, tz text, max_n integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._cron_slots(spec dispatch.cron_spec, lo timestamp with time zone, hi timestamp with time zone, tz text, max_n integer) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _cron_value(expr text, field text, tok text, lo integer, hi integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _end_late_retries(run_ids bigint[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._end_late_retries(run_ids bigint[]) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _end_stale_runs(run_ids bigint[], wait boolean); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._end_stale_runs(run_ids bigint[], wait boolean) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _expire_leases(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._expire_leases() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _finish_runs(finished dispatch.runs[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._finish_runs(finished dispatch.runs[]) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _follow_up(schedule_ids uuid[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._follow_up(schedule_ids uuid[]) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _missed(r dispatch.runs, s dispatch.schedules); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._missed(r dispatch.runs, s dispatch.schedules) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _missed_by(late interval); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._missed_by(late interval) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _next_bit(mask bigint, k integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._next_bit(mask bigint, k integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._next_bit(mask bigint, k integer) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._next_bit(mask bigint, k integer) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._next_bit(mask bigint, k integer) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _next_slot(spec dispatch.cron_spec, after timestamp with time zone, tz text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._next_slot(spec dispatch.cron_spec, after timestamp with time zone, tz text) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _operable_schedule(schedule_id uuid, verb text); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -2528,6 +3253,13 @@ GRANT ALL ON FUNCTION dispatch._prune_audit(after_id bigint, INOUT up_to bigint,
 
 REVOKE ALL ON FUNCTION dispatch._prune_runs(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch._prune_runs(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _retry_delay(s dispatch.schedules, attempt integer, retry_after_ms integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._retry_delay(s dispatch.schedules, attempt integer, retry_after_ms integer) FROM PUBLIC;
 
 
 --
@@ -2566,10 +3298,38 @@ REVOKE ALL ON FUNCTION dispatch._schedule_soft_delete() FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION _schedule_unbuffer(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._schedule_unbuffer() FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _settle_runs(finished dispatch.runs[]); Type: ACL; Schema: dispatch; Owner: -
 --
 
 REVOKE ALL ON FUNCTION dispatch._settle_runs(finished dispatch.runs[]) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _skip_missed(s dispatch.schedules, from_slot timestamp with time zone, cut timestamp with time zone, horizon timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._skip_missed(s dispatch.schedules, from_slot timestamp with time zone, cut timestamp with time zone, horizon timestamp with time zone) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _tick_schedule(schedule_id uuid, horizon timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._tick_schedule(schedule_id uuid, horizon timestamp with time zone) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _tick_schedule_guarded(schedule_id uuid, horizon timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._tick_schedule_guarded(schedule_id uuid, horizon timestamp with time zone) FROM PUBLIC;
 
 
 --
@@ -2603,27 +3363,27 @@ GRANT ALL ON FUNCTION dispatch.check_timezone(tz text) TO dispatch_admin;
 
 
 --
--- Name: FUNCTION claim_runs(worker text, max_runs integer, lease interval); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION claim_runs(worker text, max_runs integer, lease interval, default_timeout interval); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval) FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval) TO dispatch_listener;
-
-
---
--- Name: PROCEDURE complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean) FROM PUBLIC;
-GRANT ALL ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean) TO dispatch_listener;
+REVOKE ALL ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval, default_timeout interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval, default_timeout interval) TO dispatch_listener;
 
 
 --
--- Name: FUNCTION complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]); Type: ACL; Schema: dispatch; Owner: -
+-- Name: PROCEDURE complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, IN retryable boolean, IN retry_after_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean, INOUT retry_at timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[]) TO dispatch_listener;
+REVOKE ALL ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, IN retryable boolean, IN retry_after_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean, INOUT retry_at timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN attempt integer, IN status text, IN error text, IN http_status integer, IN duration_ms integer, IN retryable boolean, IN retry_after_ms integer, INOUT recorded boolean, INOUT advanced boolean, INOUT busy boolean, INOUT retry_at timestamp with time zone) TO dispatch_listener;
+
+
+--
+-- Name: FUNCTION complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[], retryable boolean[], retry_after_ms integer[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[], retryable boolean[], retry_after_ms integer[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[], retryable boolean[], retry_after_ms integer[]) TO dispatch_listener;
 
 
 --

@@ -49,7 +49,7 @@ def test_listener_runs_the_dispatch_functions(db: psycopg.Connection) -> None:
         assert db.execute("SELECT dispatch.tick()").fetchone() == (1,)
         (run_id, *_rest) = db.execute("SELECT * FROM dispatch.claim_runs('w', 5, '1 minute')").fetchone()  # type: ignore[misc]
         assert db.execute("CALL dispatch.complete_run(%s, 'w', 1, 'ok')", (run_id,)).fetchone() == (
-            True, True, False)
+            True, True, False, None)
         assert db.execute("SELECT dispatch.next_due_at() > now()").fetchone() == (True,)
         assert db.execute("SELECT dispatch.next_due_after(now()) > now()").fetchone() == (True,)
         assert db.execute(

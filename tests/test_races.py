@@ -451,7 +451,8 @@ def test_the_schedule_audit_trigger_fires_only_for_definition_columns(db: psycop
         " JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = ANY (t.tgattr)"
         " WHERE t.tgrelid = 'dispatch.schedules'::regclass AND t.tgname = '_800_audit_update'").fetchone()
     definition = ["project_id", "function_name", "cron_expression", "timezone", "args", "enabled",
-                  "deleted_at", "paused_at", "max_attempts"]
+                  "deleted_at", "paused_at", "max_attempts", "retry_backoff", "retry_backoff_max", "timeout",
+                  "misfire_grace", "catchup", "overlap"]
     assert columns == (sorted(definition),)
 
 

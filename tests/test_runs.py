@@ -125,7 +125,7 @@ def test_claim_returns_what_an_invocation_needs_oldest_first(db: psycopg.Connect
     cur = db.execute("SELECT * FROM dispatch.claim_runs('w', 1, '45 seconds')")
     assert [c.name for c in cur.description or []] == [
         "run_id", "schedule_id", "project_id", "function_name", "args",
-        "request_id", "scheduled_for", "attempt", "lease_until",
+        "request_id", "scheduled_for", "attempt", "lease_until", "timeout",
     ]  # fmt: skip
     (run,) = cur.fetchall()
     assert str(run[1]) == old
@@ -343,7 +343,7 @@ def test_claiming_pending_runs_uses_the_pending_index(db: psycopg.Connection) ->
     plan = "\n".join(
         r[0]
         for r in db.execute(
-            "EXPLAIN SELECT r.id FROM dispatch.runs r WHERE r.status = 'pending'"
+            "EXPLAIN SELECT r.id FROM dispatch.runs r WHERE r.status = 'pending' AND r.not_before IS NULL"
             " ORDER BY r.scheduled_for, r.id LIMIT 10 FOR UPDATE SKIP LOCKED"
         ).fetchall()
     )

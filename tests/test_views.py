@@ -20,13 +20,15 @@ def test_schedule_status_counts_failures_since_the_last_ok(db: psycopg.Connectio
             (sid, minutes_ago, status, status),
         )
     db.execute("UPDATE dispatch.schedules SET next_run_at = now() - interval '5 minutes'")
-    db.execute("SELECT dispatch.tick()")
+    overdue = "SELECT overdue_by > interval '4 minutes' FROM dispatch.schedule_status WHERE id = %s"
+    assert db.execute(overdue, (sid,)).fetchone() == (True,)
+    db.execute("SELECT dispatch.tick()")  # catchup latest: the slot of this minute is marked
     row = db.execute(
-        "SELECT consecutive_failures, current_run_status, overdue_by > interval '4 minutes', live"
+        "SELECT consecutive_failures, current_run_status, overdue_by < interval '1 minute', live, open_runs"
         " FROM dispatch.schedule_status WHERE id = %s",
         (sid,),
     ).fetchone()
-    assert row == (3, "pending", True, True)
+    assert row == (3, "pending", True, True, 1)
     failures = db.execute("SELECT status, error FROM dispatch.recent_failures").fetchall()
     assert len(failures) == 4
     assert {f[0] for f in failures} == {"error", "lost"}

@@ -449,3 +449,52 @@ END
 $$;
 COMMENT ON FUNCTION dispatch.cron_spec_next(dispatch.cron_spec, timestamptz, text) IS
     'dispatch.cron_next for an already parsed expression: the earliest minute-aligned instant strictly after "after" that the spec matches in time zone tz.';
+
+-- The latest instant the spec fires at in (lo, hi]; NULL when there is none. What catch-up
+-- "latest" runs after downtime, in a few cron_spec_next calls however long the downtime was:
+-- it looks back through windows that grow (a minute, an hour, a day, ...) for the first that
+-- holds a slot, then walks forward within it.
+CREATE OR REPLACE FUNCTION dispatch._cron_latest(spec dispatch.cron_spec, lo timestamptz, hi timestamptz, tz text)
+RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    windows constant interval[] := '{1 minute, 1 hour, 1 day, 32 days, 366 days, 3000 days, 15000 days}';
+    w interval;
+    t timestamptz;
+    n timestamptz;
+BEGIN
+    FOREACH w IN ARRAY windows LOOP
+        t := dispatch.cron_spec_next(spec, greatest(lo, hi - w), tz);
+        IF t <= hi THEN
+            LOOP
+                n := dispatch.cron_spec_next(spec, t, tz);
+                EXIT WHEN n > hi;
+                t := n;
+            END LOOP;
+            RETURN t;
+        END IF;
+        EXIT WHEN hi - w <= lo;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+-- The instants the spec fires at in (lo, hi], oldest first, at most max_n of them.
+CREATE OR REPLACE FUNCTION dispatch._cron_slots(spec dispatch.cron_spec, lo timestamptz, hi timestamptz, tz text,
+                                                 max_n integer)
+RETURNS SETOF timestamptz
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t timestamptz := lo;
+BEGIN
+    FOR i IN 1..max_n LOOP
+        t := dispatch.cron_spec_next(spec, t, tz);
+        EXIT WHEN t > hi;
+        RETURN NEXT t;
+    END LOOP;
+END
+$$;

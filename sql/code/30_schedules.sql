@@ -5,8 +5,52 @@
 --   _100_validate_*       BEFORE INSERT/UPDATE: validate the definition, derive cron_spec and
 --                         next_run_at (invariant 2)
 --   _200_end_pending      AFTER UPDATE that stops the schedule: its pending runs end
+--   _210_unbuffer         AFTER UPDATE of overlap away from buffer_one: the buffered run
 --   _800_audit_*          AFTER: one audit row per definition change
 --   _900_notify           AFTER, per statement: listeners re-plan their clocks
+
+-- The run policies, checked with a message that names the field (the CHECK constraints of
+-- 0012_run_policies.sql stay as the last line of defence, with only their names to offer).
+CREATE OR REPLACE FUNCTION dispatch._check_policies(s dispatch.schedules)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    problem text;
+    hint text;
+BEGIN
+    IF s.max_attempts IS NULL OR s.max_attempts NOT BETWEEN 1 AND 10 THEN
+        problem := format('max_attempts must be between 1 and 10, not %s', coalesce(s.max_attempts::text, 'NULL'));
+        hint := 'It counts every attempt of a run: 1 never retries.';
+    ELSIF s.retry_backoff IS NULL OR s.retry_backoff <= interval '0' THEN
+        problem := format('retry_backoff must be more than 0, not %s', coalesce(s.retry_backoff::text, 'NULL'));
+    ELSIF s.retry_backoff_max IS NULL OR s.retry_backoff_max > interval '1 day' THEN
+        problem := format('retry_backoff_max must be at most 1 day, not %s', coalesce(s.retry_backoff_max::text, 'NULL'));
+    ELSIF s.retry_backoff > s.retry_backoff_max THEN
+        problem := format('retry_backoff (%s) must not exceed retry_backoff_max (%s)', s.retry_backoff, s.retry_backoff_max);
+        hint := 'retry_backoff is the first back-off, retry_backoff_max the cap of the doubling.';
+    ELSIF s.timeout <= interval '0' OR s.timeout > interval '1 hour' THEN
+        problem := format('timeout must be more than 0 and at most 1 hour, not %s', s.timeout);
+        hint := 'NULL uses the listener''s --timeout.';
+    ELSIF s.misfire_grace <= interval '0' THEN
+        problem := format('misfire_grace must be more than 0, not %s', s.misfire_grace);
+        hint := 'NULL: a late slot is invoked however late.';
+    ELSIF s.catchup IS NULL OR s.catchup NOT IN ('latest', 'all') THEN
+        problem := format('catchup must be latest or all, not %s', coalesce(quote_literal(s.catchup), 'NULL'));
+    ELSIF s.catchup = 'all' AND s.misfire_grace IS NULL THEN
+        problem := 'catchup = ''all'' needs a misfire_grace';
+        hint := 'Say how far back missed slots are run, e.g. misfire_grace = ''6 hours'': after a long outage every slot would run otherwise.';
+    ELSIF s.overlap IS NULL OR s.overlap NOT IN ('skip', 'buffer_one', 'allow') THEN
+        problem := format('overlap must be skip, buffer_one or allow, not %s', coalesce(quote_literal(s.overlap), 'NULL'));
+    END IF;
+    IF hint IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
+    ELSIF problem IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
+    END IF;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION dispatch._schedule_before_write()
 RETURNS trigger
@@ -49,6 +93,7 @@ BEGIN
     IF TG_OP = 'INSERT' OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
         PERFORM dispatch.check_timezone(NEW.timezone);
     END IF;
+    PERFORM dispatch._check_policies(NEW);
 
     live := NEW.enabled AND NEW.deleted_at IS NULL AND NEW.paused_at IS NULL;
     IF NOT live THEN
@@ -78,7 +123,8 @@ CREATE OR REPLACE TRIGGER _100_validate_insert BEFORE INSERT ON dispatch.schedul
     FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
 CREATE OR REPLACE TRIGGER _100_validate_update
     BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at,
-                     paused_at, cron_spec
+                     paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout,
+                     misfire_grace, catchup, overlap
     ON dispatch.schedules
     FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
 
@@ -126,6 +172,43 @@ CREATE OR REPLACE TRIGGER _200_end_pending AFTER UPDATE OF enabled, deleted_at, 
     WHEN (NEW.next_run_at IS NULL AND OLD.next_run_at IS NOT NULL)
     EXECUTE FUNCTION dispatch._schedule_end_pending();
 
+-- A schedule that leaves overlap buffer_one while a run waits behind the open one: under allow
+-- the waiting run starts now; under skip it ends skipped, since it would overlap.
+CREATE OR REPLACE FUNCTION dispatch._schedule_unbuffer()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ended dispatch.runs[];
+BEGIN
+    IF NEW.overlap = 'allow' THEN
+        UPDATE dispatch.runs SET not_before = NULL
+        WHERE schedule_id = NEW.id AND status = 'pending' AND not_before = 'infinity';
+        IF FOUND THEN
+            PERFORM pg_notify('dispatch', 'released');
+        END IF;
+    ELSE
+        WITH k AS (
+            UPDATE dispatch.runs r
+            SET status = 'skipped', finished_at = now(), not_before = NULL,
+                error = format('overlap changed to %s while the run waited behind the one before', NEW.overlap)
+            WHERE r.schedule_id = NEW.id AND r.status = 'pending' AND r.not_before = 'infinity'
+            RETURNING r
+        )
+        SELECT array_agg(k.r) INTO ended FROM k;
+        PERFORM dispatch._finish_runs(ended);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER _210_unbuffer AFTER UPDATE OF overlap ON dispatch.schedules
+    FOR EACH ROW
+    WHEN (OLD.overlap = 'buffer_one' AND NEW.overlap <> 'buffer_one')
+    EXECUTE FUNCTION dispatch._schedule_unbuffer();
+
 CREATE OR REPLACE FUNCTION dispatch._schedule_audit()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -150,7 +233,8 @@ BEGIN
         FROM jsonb_each(to_jsonb(NEW)) n
         JOIN jsonb_each(to_jsonb(OLD)) o USING (key)
         WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled',
-                        'deleted_at', 'max_attempts')
+                        'deleted_at', 'max_attempts', 'retry_backoff', 'retry_backoff_max', 'timeout',
+                        'misfire_grace', 'catchup', 'overlap')
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -160,8 +244,9 @@ BEGIN
                 'functionName', NEW.function_name,
                 'cronExpression', NEW.cron_expression,
                 'timezone', NEW.timezone,
-                'reason', CASE WHEN action = 'schedule.pause' THEN NEW.paused_reason END,
-                'changed', changed)));
+                'reason', CASE WHEN action = 'schedule.pause' THEN NEW.paused_reason END))
+            -- after the stripping: a column set to NULL shows as null
+            || coalesce(jsonb_build_object('changed', changed), '{}'));
     RETURN NULL;
 END
 $$;
@@ -172,7 +257,8 @@ CREATE OR REPLACE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules
 -- WHEN (which compares args, up to 4 MiB) is evaluated only when a definition was written.
 CREATE OR REPLACE TRIGGER _800_audit_update
     AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at,
-                    paused_at, max_attempts
+                    paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace,
+                    catchup, overlap
     ON dispatch.schedules
     FOR EACH ROW
     WHEN (OLD.project_id IS DISTINCT FROM NEW.project_id
@@ -183,7 +269,13 @@ CREATE OR REPLACE TRIGGER _800_audit_update
           OR OLD.enabled IS DISTINCT FROM NEW.enabled
           OR OLD.deleted_at IS DISTINCT FROM NEW.deleted_at
           OR OLD.paused_at IS DISTINCT FROM NEW.paused_at
-          OR OLD.max_attempts IS DISTINCT FROM NEW.max_attempts)
+          OR OLD.max_attempts IS DISTINCT FROM NEW.max_attempts
+          OR OLD.retry_backoff IS DISTINCT FROM NEW.retry_backoff
+          OR OLD.retry_backoff_max IS DISTINCT FROM NEW.retry_backoff_max
+          OR OLD.timeout IS DISTINCT FROM NEW.timeout
+          OR OLD.misfire_grace IS DISTINCT FROM NEW.misfire_grace
+          OR OLD.catchup IS DISTINCT FROM NEW.catchup
+          OR OLD.overlap IS DISTINCT FROM NEW.overlap)
     EXECUTE FUNCTION dispatch._schedule_audit();
 
 -- Listeners keep a timer on the earliest next_run_at: a definition change may move it.

@@ -4,6 +4,9 @@
 --   _finish_runs(runs)  = _audit_runs   one audit row per run (invariant 4)
 --                       + _settle_runs  the schedule: last_*, and next_run_at moved past the
 --                                       finished slot when it is still on it (invariant 2)
+--                       + _follow_up    what the run policies start when a run ends: the run
+--                                       buffered behind it (overlap buffer_one), the next
+--                                       missed slot (catchup all)
 --
 -- Every caller already holds the row locks of the runs' schedules (taken with SKIP LOCKED, or by
 -- the caller's own UPDATE of the schedule), so nothing here waits on another transaction.
@@ -38,7 +41,11 @@ AS $$
                'runId', f.id,
                'scheduledFor', f.scheduled_for,
                'attempt', f.attempt,
-               'error', f.error))
+               'error', f.error,
+               -- every attempt, when there was more than one
+               'attempts', f.earlier_attempts || jsonb_build_object(
+                   'attempt', f.attempt, 'status', f.status, 'error', f.error, 'httpStatus', f.http_status,
+                   'durationMs', f.duration_ms, 'at', f.finished_at)))
     FROM unnest(_audit_runs.finished) f
     JOIN dispatch.schedules s ON s.id = f.schedule_id
 $$;
@@ -47,7 +54,7 @@ $$;
 -- dispatch._next_slot (a subtransaction per call, about six times the cost): _settle_runs
 -- asks for it only when the unguarded statement failed.
 CREATE OR REPLACE FUNCTION dispatch._advance_schedules(finished dispatch.runs[], guarded boolean)
-RETURNS TABLE (run_id bigint, advanced boolean)
+RETURNS TABLE (run_id bigint, advanced boolean, follow_up boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -69,11 +76,14 @@ BEGIN
     ), sched AS MATERIALIZED (
         -- behind: next_run_at is on (or, after a slot marked ahead of the clock, before) a
         -- finished slot, so it moves; an edit mid-flight that put it later wins. NULL for a
-        -- stopped schedule, which has no next slot.
+        -- stopped schedule, which has no next slot. It moves to the first slot after the
+        -- clock, except under catchup all: to the next slot, missed or not.
         SELECT s.id, s.cron_expression, s.cron_spec, s.timezone,
                greatest(s.last_slot, l.scheduled_for) AS last_slot,
                s.next_run_at <= greatest(s.last_slot, l.scheduled_for) AS behind,
-               greatest(s.last_slot, l.scheduled_for, clock) AS after
+               CASE WHEN s.catchup = 'all' THEN greatest(s.last_slot, l.scheduled_for)
+                    ELSE greatest(s.last_slot, l.scheduled_for, clock) END AS after,
+               s.overlap = 'buffer_one' OR s.catchup = 'all' AS follow_up
         FROM dispatch.schedules s
         JOIN latest l ON l.schedule_id = s.id
     ), slots AS MATERIALIZED (
@@ -88,7 +98,7 @@ BEGIN
     ), moved AS (
         UPDATE dispatch.schedules s
         -- backing off: an hour after the later of the clock and the last finished slot
-        SET next_run_at = CASE WHEN x.behind THEN coalesce(n.next_at, x.after + interval '1 hour')
+        SET next_run_at = CASE WHEN x.behind THEN coalesce(n.next_at, greatest(x.after, clock) + interval '1 hour')
                                ELSE s.next_run_at END,
             backoff_reason = CASE WHEN x.behind IS NOT TRUE THEN s.backoff_reason
                                   WHEN n.next_at IS NULL
@@ -104,12 +114,12 @@ BEGIN
         LEFT JOIN slots n ON x.behind AND n.cron_spec = x.cron_spec AND n.timezone = x.timezone AND n.after = x.after
         WHERE s.id = x.id
     )
-    SELECT d.id, coalesce(x.behind, false) FROM done d JOIN sched x ON x.id = d.schedule_id;
+    SELECT d.id, coalesce(x.behind, false), x.follow_up FROM done d JOIN sched x ON x.id = d.schedule_id;
 END
 $$;
 
 CREATE OR REPLACE FUNCTION dispatch._settle_runs(finished dispatch.runs[])
-RETURNS TABLE (run_id bigint, advanced boolean)
+RETURNS TABLE (run_id bigint, advanced boolean, follow_up boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -117,17 +127,68 @@ AS $$
 DECLARE
     ids bigint[];
     advances boolean[];
+    follow_ups boolean[];
 BEGIN
     -- Collected into arrays inside the block, returned after it: rows a failed attempt had
     -- already returned would otherwise stay in the result.
     BEGIN
-        SELECT array_agg(a.run_id), array_agg(a.advanced) INTO ids, advances
+        SELECT array_agg(a.run_id), array_agg(a.advanced), array_agg(a.follow_up) INTO ids, advances, follow_ups
         FROM dispatch._advance_schedules(_settle_runs.finished, false) a;
     EXCEPTION WHEN OTHERS THEN
-        SELECT array_agg(a.run_id), array_agg(a.advanced) INTO ids, advances
+        SELECT array_agg(a.run_id), array_agg(a.advanced), array_agg(a.follow_up) INTO ids, advances, follow_ups
         FROM dispatch._advance_schedules(_settle_runs.finished, true) a;
     END;
-    RETURN QUERY SELECT * FROM unnest(ids, advances);
+    RETURN QUERY SELECT * FROM unnest(ids, advances, follow_ups);
+END
+$$;
+
+-- Schedules whose run just ended, under overlap buffer_one or catchup all (their rows held by
+-- the caller): the run buffered behind the one that ended may start; a schedule that catches
+-- up gets its next missed slot marked now rather than at the next tick, a minute away. Returns
+-- how many runs became claimable.
+CREATE OR REPLACE FUNCTION dispatch._follow_up(schedule_ids uuid[])
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    clock constant timestamptz := clock_timestamp();
+    ready integer;
+    sid uuid;
+BEGIN
+    -- The waiting run starts. The slots that came due while it waited (the buffer was full) are
+    -- dropped under catchup latest: the schedule moves on to the first slot after the clock.
+    WITH released AS (
+        UPDATE dispatch.runs r
+        SET not_before = NULL
+        WHERE r.schedule_id = ANY (_follow_up.schedule_ids) AND r.status = 'pending' AND r.not_before = 'infinity'
+          AND NOT EXISTS (SELECT 1 FROM dispatch.runs o
+                          WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
+                            AND o.id <> r.id AND o.not_before IS DISTINCT FROM 'infinity')
+        RETURNING r.schedule_id, r.scheduled_for
+    ), moved AS (
+        UPDATE dispatch.schedules s
+        SET next_run_at = coalesce(dispatch._next_slot(s.cron_spec,
+                                                       CASE WHEN s.catchup = 'all' THEN x.scheduled_for
+                                                            ELSE greatest(x.scheduled_for, clock) END,
+                                                       s.timezone),
+                                   s.next_run_at)
+        FROM released x
+        WHERE s.id = x.schedule_id AND s.next_run_at <= x.scheduled_for
+        RETURNING 1
+    )
+    SELECT count(*) INTO ready FROM released;
+    FOR sid IN
+        SELECT s.id FROM dispatch.schedules s
+        WHERE s.id = ANY (_follow_up.schedule_ids) AND s.catchup = 'all' AND s.next_run_at <= clock
+    LOOP
+        ready := ready + dispatch._tick_schedule_guarded(sid, clock);
+    END LOOP;
+    IF ready > 0 THEN
+        PERFORM pg_notify('dispatch', json_build_object('marked', ready)::text);
+    END IF;
+    RETURN ready;
 END
 $$;
 
@@ -137,17 +198,40 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    ids bigint[];
+    advances boolean[];
+    follow_ups uuid[];
 BEGIN
     IF coalesce(cardinality(_finish_runs.finished), 0) = 0 THEN
         RETURN;
     END IF;
     PERFORM dispatch._audit_runs(_finish_runs.finished);
-    RETURN QUERY SELECT * FROM dispatch._settle_runs(_finish_runs.finished);
+    SELECT array_agg(a.run_id), array_agg(a.advanced),
+           array_agg(DISTINCT f.schedule_id) FILTER (WHERE a.follow_up)
+    INTO ids, advances, follow_ups
+    FROM dispatch._settle_runs(_finish_runs.finished) a
+    JOIN unnest(_finish_runs.finished) f ON f.id = a.run_id;
+    IF follow_ups IS NOT NULL THEN
+        PERFORM dispatch._follow_up(follow_ups);
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(ids, advances);
 END
 $$;
 
--- Pending runs whose schedule stopped end here, never invoked by a later claim: skipped when no
--- attempt was made, lost when an earlier attempt's lease expired (that one may have run).
+-- A first attempt that can no longer start within its schedule's misfire_grace. Retries and
+-- attempts after a lost lease are not held to it: the first attempt started in time.
+CREATE OR REPLACE FUNCTION dispatch._missed(r dispatch.runs, s dispatch.schedules)
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.attempt = 0 AND s.misfire_grace IS NOT NULL AND now() - r.scheduled_for > s.misfire_grace
+$$;
+
+-- Pending runs that must not be invoked end here: those whose schedule stopped (skipped when no
+-- attempt was made, lost when an earlier attempt's lease expired: that one may have run), and
+-- those that could not start within their schedule's misfire_grace (skipped, "missed by").
 -- wait => true is for the transaction that stops the schedule (its trigger): it waits for a
 -- claim in progress, so that a run claimed before the stop commits stays claimed. Everyone
 -- else passes false and leaves alone what another transaction holds.
@@ -167,7 +251,8 @@ BEGIN
               FROM dispatch.runs r
               JOIN dispatch.schedules s ON s.id = r.schedule_id
               WHERE r.id = ANY (_end_stale_runs.run_ids) AND r.status = 'pending'
-                AND NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                AND (NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                     OR dispatch._missed(r, s))
               FOR UPDATE OF r) l;
     ELSE
         SELECT array_agg(l.id) INTO ids
@@ -175,7 +260,8 @@ BEGIN
               FROM dispatch.runs r
               JOIN dispatch.schedules s ON s.id = r.schedule_id
               WHERE r.id = ANY (_end_stale_runs.run_ids) AND r.status = 'pending'
-                AND NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                AND (NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                     OR dispatch._missed(r, s))
               FOR UPDATE OF r SKIP LOCKED
               FOR NO KEY UPDATE OF s SKIP LOCKED) l;
     END IF;
@@ -187,12 +273,17 @@ BEGIN
         UPDATE dispatch.runs r
         SET status = CASE WHEN r.attempt > 0 THEN 'lost' ELSE 'skipped' END,
             finished_at = now(),
-            error = format('schedule %s before the run was %s',
-                           CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
-                                WHEN s.paused_at IS NOT NULL THEN 'paused'
-                                ELSE 'disabled' END,
-                           CASE WHEN r.attempt > 0 THEN 'retried (an earlier attempt may have run)'
-                                ELSE 'claimed' END)
+            not_before = NULL,
+            error = CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                         THEN format('schedule %s before the run was %s',
+                                     CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
+                                          WHEN s.paused_at IS NOT NULL THEN 'paused'
+                                          ELSE 'disabled' END,
+                                     CASE WHEN r.attempt > 0 THEN 'retried (an earlier attempt may have run)'
+                                          ELSE 'claimed' END)
+                         ELSE format('%s (misfire_grace %s)', dispatch._missed_by(now() - r.scheduled_for),
+                                     s.misfire_grace)
+                    END
         FROM dispatch.schedules s
         WHERE r.id = ANY (ids) AND s.id = r.schedule_id
         RETURNING r

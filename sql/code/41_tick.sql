@@ -1,5 +1,11 @@
 -- dispatch.tick: lease expiry, then every live schedule that is due.
 --
+-- A due schedule on time (its slot within the last minute, so no other slot was missed), with
+-- overlap skip or buffer_one and no open run, is marked by one statement for all of them: the
+-- common case, and the stampede at the top of the hour. Every other due schedule goes through
+-- dispatch._tick_schedule, where the run policies decide: missed slots (misfire_grace,
+-- catchup), overlap buffer_one and allow, a back-off instant, a schedule behind a finished slot.
+--
 -- Nothing here waits on another transaction (invariant 3): rows are locked with SKIP LOCKED, so
 -- two ticks share the work instead of queueing behind each other, and a row that a user's open
 -- transaction holds is left for a later tick. A run is only ever inserted for a schedule whose
@@ -33,7 +39,9 @@ BEGIN
     -- Attempts left and the schedule live: retry under the same request id.
     UPDATE dispatch.runs r
     SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
-        error = left(format('lease of %s expired on attempt %s', r.worker, r.attempt), 500)
+        error = left(format('lease of %s expired on attempt %s', r.worker, r.attempt), 500),
+        earlier_attempts = coalesce(r.earlier_attempts, '[]') || jsonb_build_object(
+            'attempt', r.attempt, 'status', 'lost', 'error', format('lease of %s expired', r.worker), 'at', clock)
     FROM dispatch.schedules s
     WHERE r.id = ANY (ids) AND s.id = r.schedule_id
       AND r.attempt < s.max_attempts AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL;
@@ -63,6 +71,194 @@ BEGIN
 END
 $$;
 
+-- "missed by 2 h 13 min"
+CREATE OR REPLACE FUNCTION dispatch._missed_by(late interval)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'missed by ' || CASE
+        WHEN late >= interval '1 day' THEN extract(day FROM late)::int || ' d ' || extract(hour FROM late)::int || ' h'
+        WHEN late >= interval '1 hour' THEN extract(hour FROM late)::int || ' h ' || extract(minute FROM late)::int || ' min'
+        WHEN late >= interval '1 minute' THEN extract(minute FROM late)::int || ' min ' || floor(extract(second FROM late))::int || ' s'
+        ELSE round(extract(epoch FROM late))::int || ' s'
+    END
+$$;
+
+-- Slots [from_slot, cut) of a schedule whose misfire_grace they are beyond: never invoked. Up
+-- to 100 each get a skipped run with an audit row; more (a long outage of a frequent schedule)
+-- get one summary audit row instead, so that an outage does not write millions of rows in one
+-- tick. Returns the latest of them.
+CREATE OR REPLACE FUNCTION dispatch._skip_missed(s dispatch.schedules, from_slot timestamptz, cut timestamptz,
+                                                 horizon timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    slots timestamptz[];
+    last timestamptz;
+    skipped dispatch.runs[];
+    counted integer;
+BEGIN
+    slots := from_slot || ARRAY(SELECT dispatch._cron_slots(s.cron_spec, from_slot, cut - interval '1 microsecond',
+                                                            s.timezone, 100));
+    IF cardinality(slots) <= 100 THEN
+        WITH k AS (
+            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, status, finished_at, error)
+            SELECT s.id, slot, 'skipped', now(), dispatch._missed_by(horizon - slot)
+            FROM unnest(slots) AS slot
+            ON CONFLICT DO NOTHING
+            RETURNING r
+        )
+        SELECT array_agg(k.r) INTO skipped FROM k;
+        IF skipped IS NOT NULL THEN
+            PERFORM dispatch._audit_runs(skipped);
+        END IF;
+        last := slots[cardinality(slots)];
+    ELSE
+        last := coalesce(dispatch._cron_latest(s.cron_spec, from_slot, cut - interval '1 microsecond', s.timezone),
+                         from_slot);
+        SELECT count(*) + 1 INTO counted
+        FROM dispatch._cron_slots(s.cron_spec, from_slot, last, s.timezone, 10000) AS slot;
+        INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+        VALUES (NULL, s.project_id, 'schedule.run.skipped', jsonb_build_object(
+            'scheduleId', s.id, 'functionName', s.function_name, 'from', from_slot, 'to', last,
+            'count', counted, 'countIsAtLeast', counted > 10000,
+            'error', format('%s slots %s: beyond misfire_grace %s', counted,
+                            dispatch._missed_by(horizon - last) || ' or more', s.misfire_grace)));
+    END IF;
+    UPDATE dispatch.schedules
+    SET next_run_at = dispatch.cron_spec_next(s.cron_spec, last, s.timezone),
+        last_slot = greatest(last_slot, last), last_status = 'skipped', last_run_at = now(),
+        last_error = dispatch._missed_by(horizon - last)
+    WHERE id = s.id;
+    RETURN last;
+END
+$$;
+
+-- A due schedule that the bulk marking of tick() leaves to the run policies, its row held by the
+-- caller (locked SKIP LOCKED). Returns how many runs it marked.
+CREATE OR REPLACE FUNCTION dispatch._tick_schedule(schedule_id uuid, horizon timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    s dispatch.schedules;
+    slot_run dispatch.runs;
+    open_runs integer;
+    cut timestamptz;
+    first_in_grace timestamptz;
+    target timestamptz;
+    slots timestamptz[];
+    skipped dispatch.runs[];
+BEGIN
+    SELECT * INTO s FROM dispatch.schedules x WHERE x.id = _tick_schedule.schedule_id;
+    IF s.next_run_at IS NULL OR s.next_run_at > horizon THEN
+        RETURN 0;
+    END IF;
+    SELECT * INTO slot_run FROM dispatch.runs r WHERE r.schedule_id = s.id AND r.scheduled_for = s.next_run_at;
+    SELECT count(*) INTO open_runs FROM dispatch.runs r WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running');
+
+    -- A slot already finished (a completion that found the schedule locked, a write that put
+    -- it back): move past it.
+    IF slot_run.id IS NOT NULL AND slot_run.status NOT IN ('pending', 'running') THEN
+        PERFORM dispatch._settle_runs(ARRAY[slot_run]);
+        RETURN 0;
+    END IF;
+    -- An expression that cannot be evaluated: one skipped run per back-off instant, never an
+    -- invocation (invariant 6).
+    IF s.backoff_reason IS NOT NULL THEN
+        WITH k AS (
+            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, status, finished_at, error)
+            VALUES (s.id, s.next_run_at, 'skipped', now(), left(s.backoff_reason, 500))
+            RETURNING r
+        )
+        SELECT array_agg(k.r) INTO skipped FROM k;
+        PERFORM dispatch._finish_runs(skipped);
+        RETURN 0;
+    END IF;
+    -- A run open: skip waits for it. buffer_one lets one slot wait behind it: the first that came
+    -- due since the open run's (the others are dropped when the waiting run is let go, see
+    -- dispatch._follow_up).
+    IF s.overlap <> 'allow' AND (slot_run.id IS NOT NULL OR open_runs > 0) THEN
+        IF s.overlap = 'buffer_one'
+           AND NOT EXISTS (SELECT 1 FROM dispatch.runs r
+                           WHERE r.schedule_id = s.id AND r.status = 'pending' AND r.not_before = 'infinity') THEN
+            target := CASE WHEN slot_run.id IS NULL THEN s.next_run_at
+                           ELSE dispatch.cron_spec_next(s.cron_spec, s.next_run_at, s.timezone) END;
+            IF target <= horizon THEN
+                INSERT INTO dispatch.runs (schedule_id, scheduled_for, not_before)
+                VALUES (s.id, target, 'infinity')
+                ON CONFLICT DO NOTHING;
+                UPDATE dispatch.schedules SET next_run_at = target WHERE id = s.id;
+                RETURN 1;
+            END IF;
+        END IF;
+        RETURN 0;
+    END IF;
+
+    -- The slots missed since next_run_at. Those beyond the grace are recorded, never invoked.
+    cut := CASE WHEN s.misfire_grace IS NULL THEN '-infinity' ELSE horizon - s.misfire_grace END;
+    first_in_grace := s.next_run_at;
+    IF s.next_run_at < cut THEN
+        first_in_grace := dispatch.cron_spec_next(s.cron_spec, dispatch._skip_missed(s, s.next_run_at, cut, horizon),
+                                                  s.timezone);
+    END IF;
+    IF first_in_grace > horizon THEN  -- nothing left to run: on to the next slot
+        UPDATE dispatch.schedules SET next_run_at = first_in_grace WHERE id = s.id;
+        RETURN 0;
+    END IF;
+
+    IF s.catchup = 'all' AND s.overlap = 'allow' THEN
+        -- every slot in the grace, at once (allow: slots do not wait for one another)
+        slots := first_in_grace || ARRAY(SELECT dispatch._cron_slots(s.cron_spec, first_in_grace, horizon,
+                                                                     s.timezone, 999));
+    ELSIF s.catchup = 'all' THEN
+        slots := ARRAY[first_in_grace];  -- the oldest; the next once it finished (one open run at a time)
+    ELSE
+        -- latest: only the most recent; the older ones in the grace are coalesced into it
+        slots := ARRAY[coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
+                                                      horizon, s.timezone), first_in_grace)];
+    END IF;
+    INSERT INTO dispatch.runs (schedule_id, scheduled_for)
+    SELECT s.id, slot FROM unnest(slots) AS slot
+    ON CONFLICT DO NOTHING;
+    target := slots[cardinality(slots)];
+    UPDATE dispatch.schedules
+    SET next_run_at = CASE WHEN s.overlap = 'allow' THEN dispatch.cron_spec_next(s.cron_spec, target, s.timezone)
+                           ELSE target END  -- skip, buffer_one: on the slot until its run finishes
+    WHERE id = s.id;
+    RETURN cardinality(slots);
+END
+$$;
+
+-- dispatch._tick_schedule for one schedule whose slots may not be computable (its zone vanished
+-- from the tz database after an upgrade, say): it backs off instead of failing the whole tick,
+-- as a finishing run would (dispatch._advance_schedules). One subtransaction a call: only the
+-- schedules the bulk marking leaves to the policies come here.
+CREATE OR REPLACE FUNCTION dispatch._tick_schedule_guarded(schedule_id uuid, horizon timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN dispatch._tick_schedule(schedule_id, horizon);
+EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'cannot compute the slots of schedule %: %', schedule_id, SQLERRM;
+    UPDATE dispatch.schedules s
+    SET next_run_at = greatest(s.next_run_at, clock_timestamp()) + interval '1 hour',
+        backoff_reason = format('cannot compute the next slot of "%s" in time zone %s (see the server log); trying again every hour',
+                                s.cron_expression, s.timezone)
+    WHERE s.id = _tick_schedule_guarded.schedule_id;
+    RETURN 0;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION dispatch.tick(now timestamptz DEFAULT now())
 RETURNS integer
 LANGUAGE plpgsql
@@ -80,9 +276,9 @@ DECLARE
     horizon constant timestamptz := tick.now;
     requeued integer;
     marked integer;
-    behind bigint[];
-    backing_off uuid[];
-    skipped dispatch.runs[];
+    by_policy uuid[];
+    sid uuid;
+    moved boolean := false;
 BEGIN
     -- Marking ahead of the clock fires schedules early: for tests and backfills by an
     -- administrator, never for a listener (invariant 5).
@@ -97,53 +293,46 @@ BEGIN
 
     requeued := dispatch._expire_leases();
 
-    -- Due schedules with no open run, each locked or left to the tick that holds it. Its slot
-    -- has no run yet (mark it), or has a finished one (the schedule is behind: a completion
-    -- found it locked, or a write put it back), or it is a back-off instant (invariant 6).
+    -- Due schedules, each locked or left to the tick that holds it. A schedule whose run is open
+    -- is not even locked when its overlap policy has nothing to add (skip; buffer_one with its
+    -- buffer full).
     WITH due AS MATERIALIZED (
-        SELECT s.id, s.next_run_at, s.backoff_reason, r.id AS slot_run
+        SELECT s.id, s.next_run_at,
+               s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
+               AND s.next_run_at > horizon - interval '1 minute'
+               AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace) AS on_time
         FROM dispatch.schedules s
         LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
+        CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
+                            WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')) o
         WHERE s.next_run_at <= horizon
-          AND NOT EXISTS (SELECT 1 FROM dispatch.runs o
-                          WHERE o.schedule_id = s.id AND o.status IN ('pending', 'running'))
+          AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
         FOR NO KEY UPDATE OF s SKIP LOCKED
     ), new_runs AS (
         INSERT INTO dispatch.runs (schedule_id, scheduled_for)
-        SELECT d.id, d.next_run_at FROM due d
-        WHERE d.slot_run IS NULL AND d.backoff_reason IS NULL
+        SELECT d.id, d.next_run_at FROM due d WHERE d.on_time
         ON CONFLICT DO NOTHING  -- cannot happen given the above; never an error if it did
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM new_runs),
-           array_agg(d.slot_run) FILTER (WHERE d.slot_run IS NOT NULL),
-           array_agg(d.id) FILTER (WHERE d.slot_run IS NULL AND d.backoff_reason IS NOT NULL)
-    INTO marked, behind, backing_off
+    SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.on_time)
+    INTO marked, by_policy
     FROM due d;
 
-    IF behind IS NOT NULL THEN
-        PERFORM dispatch._settle_runs(ARRAY(SELECT r FROM dispatch.runs r WHERE r.id = ANY (behind)));
-    END IF;
-    IF backing_off IS NOT NULL THEN
-        WITH k AS (
-            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, status, finished_at, error)
-            SELECT s.id, s.next_run_at, 'skipped', now(), left(s.backoff_reason, 500)
-            FROM dispatch.schedules s
-            WHERE s.id = ANY (backing_off)
-            RETURNING r
-        )
-        SELECT array_agg(k.r) INTO skipped FROM k;
-        PERFORM dispatch._finish_runs(skipped);
-    END IF;
+    FOREACH sid IN ARRAY coalesce(by_policy, '{}') LOOP
+        marked := marked + dispatch._tick_schedule_guarded(sid, horizon);
+        moved := true;
+    END LOOP;
 
-    IF marked + requeued > 0 THEN
+    -- Retries whose back-off is over wait for a claim like the runs just marked.
+    IF marked + requeued > 0
+       OR EXISTS (SELECT 1 FROM dispatch.runs r WHERE r.status = 'pending' AND r.not_before <= clock_timestamp()) THEN
         PERFORM pg_notify('dispatch', json_build_object('marked', marked, 'requeued', requeued)::text);
     END IF;
-    IF behind IS NOT NULL OR backing_off IS NOT NULL THEN
-        PERFORM pg_notify('dispatch', 'schedules');  -- next_run_at moved: listeners re-plan
+    IF moved THEN
+        PERFORM pg_notify('dispatch', 'schedules');  -- next_run_at may have moved: listeners re-plan
     END IF;
     RETURN marked;
 END
 $$;
 COMMENT ON FUNCTION dispatch.tick(timestamptz) IS
-    'Expire leases by the real clock, then mark every live schedule due at or before "now" as a pending run (idempotent per slot), move schedules still on a finished slot past it, record a skipped run for each back-off instant reached, and NOTIFY dispatch when there is work. Returns how many runs it marked. Never waits on a row another transaction holds. A "now" ahead of the clock needs dispatch_admin. Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
+    'Expire leases by the real clock, then mark every live schedule due at or before "now" as a pending run (idempotent per slot), following its run policies: slots missed beyond misfire_grace end skipped, catchup latest or all, overlap skip, buffer_one or allow. Also moves a schedule found on a finished slot past it and records a skipped run for each back-off instant reached. NOTIFY dispatch when there is work. Returns how many runs it marked. Never waits on a row another transaction holds. A "now" ahead of the clock needs dispatch_admin. Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';

@@ -1,6 +1,11 @@
 -- dispatch.claim_runs: pending -> running, the attempt incremented and returned as the fence.
 
-CREATE OR REPLACE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval DEFAULT interval '60 seconds')
+CREATE OR REPLACE FUNCTION dispatch.claim_runs(
+    worker          text,
+    max_runs        integer,
+    lease           interval DEFAULT interval '60 seconds',
+    default_timeout interval DEFAULT NULL
+)
 RETURNS TABLE (
     run_id        bigint,
     schedule_id   uuid,
@@ -10,7 +15,8 @@ RETURNS TABLE (
     request_id    text,
     scheduled_for timestamptz,
     attempt       integer,
-    lease_until   timestamptz
+    lease_until   timestamptz,
+    timeout       interval
 )
 -- PL/pgSQL rather than SQL: PostgreSQL plans a (non-inlined) SQL function on every call, and
 -- planning these statements costs more than running them.
@@ -21,22 +27,53 @@ AS $$
 #variable_conflict use_column
 DECLARE
     live_ids bigint[];
+    late_ids bigint[];
+    more_live bigint[];
     stale_ids bigint[];
+    more_stale bigint[];
 BEGIN
-    -- Oldest slot first; a run another transaction holds is skipped, so concurrent claims never
-    -- get the same run and never wait. A run whose schedule stopped is not handed out: the
-    -- transaction that stopped it ended every run it could see, and this ends the ones that
-    -- became pending behind its back (a release or a lease expiry racing it).
-    SELECT array_agg(p.id) FILTER (WHERE p.live), array_agg(p.id) FILTER (WHERE NOT p.live)
-    INTO live_ids, stale_ids
-    FROM (SELECT r.id, s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL AS live
+    -- Two queues, each read oldest first: retries whose back-off is over, then runs marked for
+    -- their slot. A run another transaction holds is skipped, so concurrent claims never get the
+    -- same run and never wait.
+    --
+    -- Some runs are not handed out. A retry that can no longer start before its schedule's
+    -- next slot ends error (late_ids). A run whose schedule stopped, or whose first attempt
+    -- cannot start within misfire_grace, ends skipped (stale_ids): the transaction that stopped
+    -- a schedule ended every run it could see, this ends those that became pending behind its
+    -- back (a release or a lease expiry racing it).
+    SELECT array_agg(p.id) FILTER (WHERE p.state = 'live'), array_agg(p.id) FILTER (WHERE p.state = 'late'),
+           array_agg(p.id) FILTER (WHERE p.state = 'stale')
+    INTO live_ids, late_ids, stale_ids
+    FROM (SELECT r.id,
+                 CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
+                      WHEN now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
+                      ELSE 'live' END AS state
           FROM dispatch.runs r
           JOIN dispatch.schedules s ON s.id = r.schedule_id
-          WHERE r.status = 'pending'
-          ORDER BY r.scheduled_for, r.id
+          WHERE r.status = 'pending' AND r.not_before <= now()
+          ORDER BY r.not_before, r.id
           LIMIT claim_runs.max_runs
           FOR UPDATE OF r SKIP LOCKED) p;
-    IF stale_ids IS NOT NULL THEN
+
+    IF coalesce(cardinality(live_ids), 0) + coalesce(cardinality(late_ids), 0)
+       + coalesce(cardinality(stale_ids), 0) < claim_runs.max_runs THEN
+        SELECT array_agg(p.id) FILTER (WHERE p.live), array_agg(p.id) FILTER (WHERE NOT p.live)
+        INTO more_live, more_stale
+        FROM (SELECT r.id,
+                     s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL AND NOT dispatch._missed(r, s) AS live
+              FROM dispatch.runs r
+              JOIN dispatch.schedules s ON s.id = r.schedule_id
+              WHERE r.status = 'pending' AND r.not_before IS NULL
+              ORDER BY r.scheduled_for, r.id
+              LIMIT claim_runs.max_runs - coalesce(cardinality(live_ids), 0) - coalesce(cardinality(late_ids), 0)
+                    - coalesce(cardinality(stale_ids), 0)
+              FOR UPDATE OF r SKIP LOCKED) p;
+        live_ids := live_ids || more_live;
+        stale_ids := stale_ids || more_stale;
+    END IF;
+
+    IF late_ids IS NOT NULL OR stale_ids IS NOT NULL THEN
+        PERFORM dispatch._end_late_retries(late_ids);
         PERFORM dispatch._end_stale_runs(stale_ids, wait => false);
         -- fewer runs than asked for although more may be pending: have the claimers come back
         PERFORM pg_notify('dispatch', 'ended');
@@ -45,18 +82,22 @@ BEGIN
         RETURN;
     END IF;
 
+    -- The lease covers the run's invocation timeout (the schedule's own, else the caller's)
+    -- plus the margin the caller gave beyond its timeout.
     RETURN QUERY
     UPDATE dispatch.runs r
     SET status = 'running',
         worker = claim_runs.worker,
         claimed_at = now(),
-        lease_until = now() + claim_runs.lease,
+        lease_until = now() + claim_runs.lease
+                      + coalesce(s.timeout - coalesce(claim_runs.default_timeout, interval '0'), interval '0'),
+        not_before = NULL,
         attempt = r.attempt + 1
     FROM dispatch.schedules s
     WHERE r.id = ANY (live_ids) AND s.id = r.schedule_id
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
-              r.request_id, r.scheduled_for, r.attempt, r.lease_until;
+              r.request_id, r.scheduled_for, r.attempt, r.lease_until, coalesce(s.timeout, claim_runs.default_timeout);
 END
 $$;
-COMMENT ON FUNCTION dispatch.claim_runs(text, integer, interval) IS
-    'Move up to max_runs pending runs of live schedules, oldest slot first, to running for worker with a lease (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits) and return what is needed to invoke them. attempt is the fencing token to pass to complete_runs or release_runs. The lease must outlast the invocation timeout.';
+COMMENT ON FUNCTION dispatch.claim_runs(text, integer, interval, interval) IS
+    'Move up to max_runs pending runs of live schedules to running for worker and return what is needed to invoke them: retries whose back-off is over first, then runs in slot order (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits). attempt is the fencing token to pass to complete_runs or release_runs. timeout is the invocation timeout to apply: the schedule''s, else default_timeout (the caller''s). lease_until is now + lease, plus the schedule''s timeout minus default_timeout when the schedule has its own: give lease = default_timeout plus a margin. Runs that must not start end instead: a retry past the next slot (error), a first attempt past misfire_grace, a run of a stopped schedule (skipped).';

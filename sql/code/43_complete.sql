@@ -1,4 +1,51 @@
--- dispatch.complete_runs / dispatch.complete_run: running -> ok | error, fenced by attempt.
+-- dispatch.complete_runs / dispatch.complete_run: running -> ok | error, or back to pending
+-- for a retry; fenced by attempt.
+
+-- The back-off before attempt + 1: exponential from retry_backoff (x2 per attempt) with full
+-- jitter, so that the retries of many runs that failed together spread out; a Retry-After the
+-- function sent is taken as it is. Both capped by retry_backoff_max.
+CREATE OR REPLACE FUNCTION dispatch._retry_delay(s dispatch.schedules, attempt integer, retry_after_ms integer)
+RETURNS interval
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT least(CASE WHEN retry_after_ms IS NOT NULL THEN make_interval(secs => greatest(retry_after_ms, 0) / 1000.0)
+                      ELSE random() * least(s.retry_backoff * power(2, least(attempt - 1, 30)), s.retry_backoff_max)
+                 END,
+                 s.retry_backoff_max)
+$$;
+
+-- Retries that will not start before their schedule's next slot, claimed too late: they end
+-- error (a retry never overtakes the next slot). Their schedules are locked without waiting.
+CREATE OR REPLACE FUNCTION dispatch._end_late_retries(run_ids bigint[])
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ended dispatch.runs[];
+BEGIN
+    IF run_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    WITH taken AS (
+        SELECT r.id FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id
+        WHERE r.id = ANY (_end_late_retries.run_ids) AND r.status = 'pending'
+        FOR UPDATE OF r SKIP LOCKED
+        FOR NO KEY UPDATE OF s SKIP LOCKED
+    ), late AS (
+        UPDATE dispatch.runs r
+        SET status = 'error', finished_at = now(), not_before = NULL,
+            error = left(coalesce(r.error, 'failed') || '; not retried: the next slot came first', 500)
+        FROM taken t WHERE r.id = t.id
+        RETURNING r
+    )
+    SELECT array_agg(l.r) INTO ended FROM late l;
+    PERFORM dispatch._finish_runs(ended);
+    RETURN coalesce(cardinality(ended), 0);
+END
+$$;
 
 -- A listener records a batch of outcomes in one round trip and one transaction.
 CREATE OR REPLACE FUNCTION dispatch.complete_runs(
@@ -8,16 +55,22 @@ CREATE OR REPLACE FUNCTION dispatch.complete_runs(
     statuses      text[],
     errors        text[],
     http_statuses integer[],
-    durations_ms  integer[]
+    durations_ms  integer[],
+    retryable     boolean[] DEFAULT NULL,
+    retry_after_ms integer[] DEFAULT NULL
 )
-RETURNS TABLE (run_id bigint, recorded boolean, advanced boolean, busy boolean)
+RETURNS TABLE (run_id bigint, recorded boolean, advanced boolean, busy boolean, retry_at timestamptz)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    clock constant timestamptz := clock_timestamp();
     taken bigint[];
     held bigint[];
+    retried_ids bigint[];
+    retried_at timestamptz[];
+    too_late bigint[];
     finished dispatch.runs[];
 BEGIN
     IF cardinality(complete_runs.attempts) IS DISTINCT FROM cardinality(complete_runs.run_ids)
@@ -52,42 +105,81 @@ BEGIN
         WHERE x.status = 'running' AND x.id <> ALL (coalesce(taken, '{}'));
     END IF;
 
+    -- Retryable failures with attempts left go back to pending until their back-off is over,
+    -- unless the retry would start only after the schedule's next slot.
+    IF true = ANY (complete_runs.retryable) THEN
+        WITH candidate AS (
+            SELECT x.id, x.attempt, i.error, i.http_status, i.duration_ms,
+                   clock + dispatch._retry_delay(s, x.attempt, i.retry_after_ms) AS at,
+                   dispatch._next_slot(s.cron_spec, x.scheduled_for, s.timezone) AS next_slot
+            FROM dispatch.runs x
+            JOIN dispatch.schedules s ON s.id = x.schedule_id
+            JOIN unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
+                        complete_runs.http_statuses, complete_runs.durations_ms, complete_runs.retryable,
+                        complete_runs.retry_after_ms)
+                 AS i(id, status, error, http_status, duration_ms, retryable, retry_after_ms) ON i.id = x.id
+            WHERE x.id = ANY (taken) AND i.status = 'error' AND i.retryable AND x.attempt < s.max_attempts
+        ), retried AS (
+            UPDATE dispatch.runs x
+            SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL, not_before = c.at,
+                error = left(c.error, 500), http_status = c.http_status, duration_ms = c.duration_ms,
+                earlier_attempts = coalesce(x.earlier_attempts, '[]') || jsonb_build_object(
+                    'attempt', c.attempt, 'status', 'error', 'error', left(c.error, 500),
+                    'httpStatus', c.http_status, 'durationMs', c.duration_ms, 'at', clock)
+            FROM candidate c
+            WHERE x.id = c.id AND (c.next_slot IS NULL OR c.at < c.next_slot)
+            RETURNING x.id, x.not_before
+        )
+        SELECT array_agg(r.id), array_agg(r.not_before),
+               (SELECT array_agg(c.id) FROM candidate c WHERE c.at >= c.next_slot)
+        INTO retried_ids, retried_at, too_late FROM retried r;
+        IF retried_ids IS NOT NULL THEN
+            PERFORM pg_notify('dispatch', 'schedules');  -- listeners' clocks wake for the retry
+        END IF;
+    END IF;
+
     WITH done AS (
         UPDATE dispatch.runs x
         SET status = i.status,
             finished_at = now(),
-            error = left(i.error, 500),
+            error = left(CASE WHEN x.id = ANY (too_late) THEN i.error || '; not retried: the next slot comes first'
+                              ELSE i.error END, 500),
             http_status = i.http_status,
             duration_ms = i.duration_ms
         FROM unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
                     complete_runs.http_statuses, complete_runs.durations_ms)
              AS i(id, status, error, http_status, duration_ms)
-        WHERE x.id = i.id AND x.id = ANY (taken)
+        WHERE x.id = i.id AND x.id = ANY (taken) AND x.id <> ALL (coalesce(retried_ids, '{}'))
         RETURNING x
     )
     SELECT array_agg(d.x) INTO finished FROM done d;
 
     RETURN QUERY
-    SELECT i.id, f.run_id IS NOT NULL, coalesce(f.advanced, false), coalesce(i.id = ANY (held), false)
+    SELECT i.id, f.run_id IS NOT NULL OR r.id IS NOT NULL, coalesce(f.advanced, false),
+           coalesce(i.id = ANY (held), false), r.at
     FROM unnest(complete_runs.run_ids) WITH ORDINALITY AS i(id, n)
     LEFT JOIN dispatch._finish_runs(coalesce(finished, '{}')) f ON f.run_id = i.id
+    LEFT JOIN unnest(retried_ids, retried_at) AS r(id, at) ON r.id = i.id
     ORDER BY i.n;
 END
 $$;
-COMMENT ON FUNCTION dispatch.complete_runs(text, bigint[], integer[], text[], text[], integer[], integer[]) IS
-    'Record the outcomes (ok or error; errors cut to 500 characters) of runs still running with the attempt given (the fence claim_runs returned; worker is informational), advance each schedule still on its run''s slot to the first slot after max(slot, now), and write one audit row per run, in one transaction. The arrays are parallel (errors, http_statuses and durations_ms may hold NULLs). Returns, for each input run: recorded; advanced (its schedule moved on); busy (not recorded because another transaction holds the run or its schedule: call again). Never waits on a row another transaction holds.';
+COMMENT ON FUNCTION dispatch.complete_runs(text, bigint[], integer[], text[], text[], integer[], integer[], boolean[], integer[]) IS
+    'Record the outcomes (ok or error; errors cut to 500 characters) of runs still running with the attempt given (the fence claim_runs returned; worker is informational), advance each schedule still on its run''s slot, and write one audit row per run (with every attempt in its metadata), in one transaction. An error marked retryable, with attempts left (max_attempts), goes back to pending until its back-off is over (retry_backoff doubled per attempt, full jitter, or retry_after_ms; capped by retry_backoff_max), unless that is after the schedule''s next slot. The arrays are parallel (errors, http_statuses, durations_ms, retryable and retry_after_ms may hold NULLs or be NULL). Returns, for each input run: recorded; advanced (its schedule moved on); busy (not recorded because another transaction holds the run or its schedule: call again); retry_at (when it will be retried). Never waits on a row another transaction holds.';
 
 CREATE OR REPLACE PROCEDURE dispatch.complete_run(
-    run_id      bigint,
-    worker      text,
-    attempt     integer,
-    status      text,
-    error       text DEFAULT NULL,
-    http_status integer DEFAULT NULL,
-    duration_ms integer DEFAULT NULL,
+    run_id         bigint,
+    worker         text,
+    attempt        integer,
+    status         text,
+    error          text DEFAULT NULL,
+    http_status    integer DEFAULT NULL,
+    duration_ms    integer DEFAULT NULL,
+    retryable      boolean DEFAULT false,
+    retry_after_ms integer DEFAULT NULL,
     INOUT recorded boolean DEFAULT NULL,
     INOUT advanced boolean DEFAULT NULL,
-    INOUT busy boolean DEFAULT NULL
+    INOUT busy     boolean DEFAULT NULL,
+    INOUT retry_at timestamptz DEFAULT NULL
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -99,11 +191,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- One implementation of the transition: complete_runs, with a batch of one.
-    SELECT c.recorded, c.advanced, c.busy INTO complete_run.recorded, complete_run.advanced, complete_run.busy
+    SELECT c.recorded, c.advanced, c.busy, c.retry_at
+    INTO complete_run.recorded, complete_run.advanced, complete_run.busy, complete_run.retry_at
     FROM dispatch.complete_runs(complete_run.worker, ARRAY[complete_run.run_id], ARRAY[complete_run.attempt],
                                 ARRAY[complete_run.status], ARRAY[complete_run.error],
-                                ARRAY[complete_run.http_status], ARRAY[complete_run.duration_ms]) c;
+                                ARRAY[complete_run.http_status], ARRAY[complete_run.duration_ms],
+                                ARRAY[complete_run.retryable], ARRAY[complete_run.retry_after_ms]) c;
 END
 $$;
-COMMENT ON PROCEDURE dispatch.complete_run(bigint, text, integer, text, text, integer, integer, boolean, boolean, boolean) IS
-    'dispatch.complete_runs for one run: record the outcome of a run still running with this attempt, advance its schedule, write the audit row, in one transaction. Returns recorded, advanced and busy (another transaction holds the run or its schedule: call again).';
+COMMENT ON PROCEDURE dispatch.complete_run(bigint, text, integer, text, text, integer, integer, boolean, integer, boolean, boolean, boolean, timestamptz) IS
+    'dispatch.complete_runs for one run: record the outcome of a run still running with this attempt (or, retryable with attempts left, schedule its retry), advance its schedule, write the audit row, in one transaction. Returns recorded, advanced, busy (another transaction holds the run or its schedule: call again) and retry_at.';

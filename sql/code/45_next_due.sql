@@ -10,11 +10,14 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN (SELECT min(next_run_at) FROM dispatch.schedules WHERE next_run_at > next_due_after.covered);
+    -- least() ignores NULLs: the earlier of the next slot and the next retry
+    RETURN least((SELECT min(s.next_run_at) FROM dispatch.schedules s WHERE s.next_run_at > next_due_after.covered),
+                 (SELECT min(r.not_before) FROM dispatch.runs r
+                  WHERE r.status = 'pending' AND r.not_before > next_due_after.covered AND r.not_before < 'infinity'));
 END
 $$;
 COMMENT ON FUNCTION dispatch.next_due_after(timestamptz) IS
-    'The earliest next_run_at of a live schedule after "covered" (the instant a caller''s last dispatch.tick() marked up to: its now()). In the past when a slot came due since: tick at once. Schedules whose run is still open stay at their slot, at or before "covered", and are not answered again.';
+    'The earliest next_run_at of a live schedule, or not_before of a retry, after "covered" (the instant a caller''s last dispatch.tick() marked up to: its now()). In the past when a slot came due since: tick at once. Schedules whose run is still open stay at their slot, at or before "covered", and are not answered again.';
 
 CREATE OR REPLACE FUNCTION dispatch.next_due_at()
 RETURNS timestamptz
@@ -23,4 +26,4 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT dispatch.next_due_after(now()) $$;
 COMMENT ON FUNCTION dispatch.next_due_at() IS
-    'The earliest future next_run_at of a live schedule: when a listener should next call dispatch.tick().';
+    'The earliest future next_run_at of a live schedule or retry: when a listener should next call dispatch.tick().';

@@ -17,11 +17,28 @@ SELECT s.id,
        s.paused_at,
        s.paused_by,
        s.paused_reason,
-       s.backoff_reason
+       s.backoff_reason,
+       -- columns are only ever appended: CREATE OR REPLACE VIEW keeps DBAs' dependent views
+       s.max_attempts,
+       s.retry_backoff,
+       s.retry_backoff_max,
+       s.timeout,
+       s.misfire_grace,
+       s.catchup,
+       s.overlap,
+       coalesce(open.runs, 0) AS open_runs,
+       open.attempt AS current_attempt,
+       open.next_retry_at
 FROM dispatch.schedules s
 LEFT JOIN LATERAL (
-    SELECT r.status FROM dispatch.runs r
+    -- the oldest open run; overlap buffer_one and allow may have more
+    SELECT count(*) AS runs,
+           (array_agg(r.status ORDER BY r.scheduled_for, r.id))[1] AS status,
+           (array_agg(r.attempt ORDER BY r.scheduled_for, r.id))[1] AS attempt,
+           min(r.not_before) FILTER (WHERE r.status = 'pending' AND r.not_before < 'infinity') AS next_retry_at
+    FROM dispatch.runs r
     WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
+    HAVING count(*) > 0
 ) open ON true
 LEFT JOIN LATERAL (
     SELECT count(*) AS n FROM dispatch.runs r
@@ -31,7 +48,7 @@ LEFT JOIN LATERAL (
 ) fails ON true
 WHERE s.deleted_at IS NULL;
 COMMENT ON VIEW dispatch.schedule_status IS
-    'One row per schedule that is not deleted: next and last run, the run in flight if any, failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, and why it is backing off (its next slot cannot be computed).';
+    'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), and its run policies.';
 
 CREATE OR REPLACE VIEW dispatch.recent_failures AS
 SELECT r.finished_at,

@@ -35,6 +35,7 @@ GRANT EXECUTE ON FUNCTION
     dispatch.cron_next(text, timestamptz, text),
     dispatch.cron_is_valid(text),
     dispatch.check_timezone(text),
+    dispatch._check_policies(dispatch.schedules),
     dispatch._cron_error(text, text, text),
     dispatch._cron_value(text, text, text, integer, integer),
     dispatch._next_bit(bigint, integer),
@@ -47,14 +48,15 @@ TO dispatch_listener, dispatch_reader, dispatch_admin;
 
 GRANT EXECUTE ON FUNCTION
     dispatch.tick(timestamptz),
-    dispatch.claim_runs(text, integer, interval),
-    dispatch.complete_runs(text, bigint[], integer[], text[], text[], integer[], integer[]),
+    dispatch.claim_runs(text, integer, interval, interval),
+    dispatch.complete_runs(text, bigint[], integer[], text[], text[], integer[], integer[], boolean[], integer[]),
     dispatch.release_runs(text, bigint[], integer[]),
     dispatch.next_due_at(),
     dispatch.next_due_after(timestamptz)
 TO dispatch_listener;
 GRANT EXECUTE ON PROCEDURE
-    dispatch.complete_run(bigint, text, integer, text, text, integer, integer, boolean, boolean, boolean)
+    dispatch.complete_run(bigint, text, integer, text, text, integer, integer, boolean, integer, boolean, boolean,
+                          boolean, timestamptz)
 TO dispatch_listener;
 
 GRANT SELECT ON ALL TABLES IN SCHEMA dispatch TO dispatch_reader;
@@ -64,9 +66,11 @@ GRANT SELECT ON ALL TABLES IN SCHEMA dispatch TO dispatch_reader;
 -- dispatch.pause() and dispatch.resume() set with the actor (invariant 5). A DELETE becomes the
 -- soft delete (invariant 4).
 GRANT dispatch_reader TO dispatch_admin;
-GRANT INSERT (id, project_id, function_name, cron_expression, timezone, args, enabled, max_attempts)
+GRANT INSERT (id, project_id, function_name, cron_expression, timezone, args, enabled, max_attempts, retry_backoff,
+              retry_backoff_max, timeout, misfire_grace, catchup, overlap)
     ON dispatch.schedules TO dispatch_admin;
-GRANT UPDATE (project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, max_attempts)
+GRANT UPDATE (project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, max_attempts,
+              retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap)
     ON dispatch.schedules TO dispatch_admin;
 GRANT DELETE ON dispatch.schedules TO dispatch_admin;
 GRANT UPDATE ON dispatch.settings TO dispatch_admin;
