@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from dispatcher.console import (
     CommandError,
@@ -33,8 +34,10 @@ _SCHEDULE = """
 SELECT s.id, s.project_id, s.function_name, s.cron_expression, s.timezone, s.args,
        CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted' WHEN s.enabled THEN 'enabled' ELSE 'disabled' END
            AS state,
-       s.next_run_at, s.last_run_at, s.last_status, s.last_error, s.max_attempts,
+       s.next_run_at, s.last_run_at, s.last_status, s.last_error, s.max_attempts, s.retry_backoff,
+       s.retry_backoff_max, s.timeout, s.misfire_grace, s.catchup, s.overlap,
        coalesce(st.consecutive_failures, 0) AS consecutive_failures, st.current_run_status,
+       st.current_attempt, coalesce(st.open_runs, 0) AS open_runs, st.next_retry_at,
        st.overdue_by, s.created_at, s.updated_at, s.deleted_at
 FROM dispatch.schedules s
 LEFT JOIN dispatch.schedule_status st ON st.id = s.id
@@ -53,6 +56,8 @@ FROM fire ORDER BY n
 
 _RUNS = """
 SELECT r.id, r.schedule_id, s.project_id, s.function_name, r.scheduled_for, r.status, r.attempt,
+       CASE WHEN r.not_before = 'infinity' THEN 'after the open run' ELSE r.not_before::text END
+           AS waits_until,
        r.worker, r.claimed_at, r.finished_at, r.duration_ms, r.http_status, r.error, r.request_id
 FROM dispatch.runs r
 JOIN dispatch.schedules s ON s.id = r.schedule_id
@@ -68,7 +73,26 @@ _LIST_COLUMNS = [("id", "id"), ("project_id", "project"), ("function_name", "fun
                  ("consecutive_failures", "failures")]
 _RUN_COLUMNS = [("id", "run"), ("project_id", "project"), ("function_name", "function"),
                 ("scheduled_for", "slot (UTC)"), ("status", "status"), ("attempt", "try"),
-                ("duration_ms", "ms"), ("http_status", "http"), ("error", "error")]
+                ("waits_until", "retry at"), ("duration_ms", "ms"), ("http_status", "http"),
+                ("error", "error")]
+# The run policies (DESIGN.md, "Scheduling policies"): flag, column, help. Intervals are read by
+# PostgreSQL ("90 seconds", "5 min", "1 hour"); "none" clears the nullable ones.
+_POLICIES = [
+    ("--max-attempts", "max_attempts",
+     "attempts of one run, failed ones and lost leases alike (1-10; default 3)"),
+    ("--retry-backoff", "retry_backoff",
+     "back-off before the first retry, doubled for each (default 10 seconds)"),
+    ("--retry-backoff-max", "retry_backoff_max",
+     "the longest back-off, Retry-After included (default 5 minutes)"),
+    ("--timeout", "timeout", "invocation timeout of its runs, at most 1 hour (default: the listener's)"),
+    ("--misfire-grace", "misfire_grace",
+     "a slot that cannot start within this long is skipped, not invoked (default: no limit)"),
+    ("--catchup", "catchup", "after downtime: latest (the last missed slot) or all (every one within the "
+                             "misfire grace, oldest first)"),
+    ("--overlap", "overlap", "while a run is open: skip the slots that come due, buffer_one (one waits) "
+                             "or allow (each runs at its time)"),
+]
+_NULLABLE = {"timeout", "misfire_grace"}
 
 
 def _offset(value: timedelta) -> str:
@@ -127,11 +151,21 @@ def _print_details(details: dict[str, Any]) -> None:
               ("cron_expression", "cron"), ("timezone", "time zone"), ("args", "args"), ("state", "state"),
               ("next_run_at", "next run"), ("last_run_at", "last run"), ("last_status", "last status"),
               ("last_error", "last error"), ("consecutive_failures", "failures in a row"),
-              ("current_run_status", "run in flight"), ("overdue_by", "overdue by"),
-              ("max_attempts", "max attempts"), ("created_at", "created"), ("updated_at", "updated"),
-              ("deleted_at", "deleted")]
+              ("current_run_status", "run in flight"), ("current_attempt", "attempts so far"),
+              ("open_runs", "open runs"), ("next_retry_at", "next retry"), ("overdue_by", "overdue by"),
+              ("max_attempts", "max attempts"), ("retry_backoff", "retry back-off"),
+              ("retry_backoff_max", "back-off at most"), ("timeout", "timeout"),
+              ("misfire_grace", "misfire grace"),
+              ("catchup", "catch-up"), ("overlap", "overlap"), ("created_at", "created"),
+              ("updated_at", "updated"), ("deleted_at", "deleted")]
+    optional = ("deleted_at", "overdue_by", "current_run_status", "current_attempt", "next_retry_at")
     for key, label in fields:
-        if key in ("deleted_at", "overdue_by", "current_run_status") and schedule[key] is None:
+        if key in optional and schedule[key] is None:
+            continue
+        if key == "open_runs" and schedule[key] < 2:
+            continue
+        if key in _NULLABLE and schedule[key] is None:
+            print(f"{label + ':':<19}" + ("the listener's" if key == "timeout" else "no limit"))
             continue
         print(f"{label + ':':<19}{format_value(schedule[key])}")
     if details["next_fire_times"]:
@@ -152,18 +186,17 @@ def _add(args: argparse.Namespace) -> int:
         raise CommandError(f"--args is not JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise CommandError("--args must be a JSON object, such as '{\"to\": \"ops@example.com\"}'")
+    values: dict[str, Any] = {"project_id": args.project, "function_name": args.function,
+                              "cron_expression": args.cron, "timezone": args.timezone,
+                              "args": json.dumps(parsed), "enabled": not args.disabled,
+                              **_policy_values(args)}
+    query = sql.SQL("INSERT INTO dispatch.schedules ({}) VALUES ({}) RETURNING id").format(
+        sql.SQL(", ").join(map(sql.Identifier, values)), sql.SQL(", ").join(map(sql.Placeholder, values)))
     with connect(args) as conn:
         try:
-            row = conn.execute(
-                "INSERT INTO dispatch.schedules"
-                " (project_id, function_name, cron_expression, timezone, args, enabled, max_attempts)"
-                " VALUES (%s, %s, %s, %s, %s::jsonb, %s, coalesce(%s, 3)) RETURNING id",
-                (args.project, args.function, args.cron, args.timezone, json.dumps(parsed), not args.disabled,
-                 args.max_attempts),
-            ).fetchone()
-        except psycopg.errors.DataError as exc:  # invalid cron, zone or name (the trigger's 22023)
-            raise _database_error(exc) from None
-        except psycopg.errors.IntegrityError as exc:  # CHECK constraints: project, args, attempts
+            row = conn.execute(query, values).fetchone()
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+            # the trigger's 22023 (cron, zone, name, policies), a CHECK, an interval PostgreSQL cannot read
             raise _database_error(exc) from None
         assert row is not None
         details = _details(conn, _load(conn, str(row["id"])))
@@ -173,6 +206,69 @@ def _add(args: argparse.Namespace) -> int:
         print(f"added schedule {details['schedule']['id']}")
         _print_details(details)
     return 0
+
+
+def _policy_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The policy flags given, by column; "none" is NULL for the columns that may be NULL."""
+    values: dict[str, Any] = {}
+    for _, column, _ in _POLICIES:
+        value = getattr(args, column)
+        if value is None:
+            continue
+        if column in _NULLABLE and value.strip().lower() == "none":
+            value = None
+        values[column] = value
+    return values
+
+
+def _update(args: argparse.Namespace) -> int:
+    schedule_id = _schedule_id(args.id)
+    values: dict[str, Any] = {column: getattr(args, column) for column in ("cron_expression", "timezone")
+                              if getattr(args, column) is not None}
+    if args.args is not None:
+        try:
+            parsed = json.loads(args.args)
+        except ValueError as exc:
+            raise CommandError(f"--args is not JSON: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise CommandError("--args must be a JSON object")
+        values["args"] = json.dumps(parsed)
+    values |= _policy_values(args)
+    if not values:
+        raise CommandError("nothing to change: give --cron, --timezone, --args or a policy flag")
+    with connect(args) as conn:
+        schedule = _load(conn, schedule_id)
+        if schedule["state"] == "deleted":
+            deleted_at = format_value(schedule["deleted_at"])
+            raise CommandError(f"schedule {schedule_id} is deleted (at {deleted_at})")
+        query = sql.SQL("UPDATE dispatch.schedules SET {} WHERE id = {}").format(
+            sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.Identifier(column), sql.Placeholder(column))
+                               for column in values),
+            sql.Placeholder("id"))
+        try:
+            conn.execute(query, {**values, "id": schedule_id})
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+            raise _database_error(exc) from None
+        details = _details(conn, _load(conn, schedule_id))
+    if args.json:
+        print_json(details)
+    else:
+        print(f"updated schedule {schedule_id}")
+        _print_details(details)
+    return 0
+
+
+def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("run policies")
+    for flag, column, text in _POLICIES:
+        if column == "max_attempts":
+            group.add_argument(flag, dest=column, type=_positive, default=None, help=text)
+        elif column in ("catchup", "overlap"):
+            choices = ("latest", "all") if column == "catchup" else ("skip", "buffer_one", "allow")
+            group.add_argument(flag, dest=column, choices=choices, default=None, help=text)
+        else:
+            group.add_argument(flag, dest=column, metavar="INTERVAL", default=None,
+                               help=text + ("; none to clear" if column in _NULLABLE else ""))
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -253,7 +349,7 @@ def _positive(text: str) -> int:
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `schedules` and `runs` with the top-level parser."""
     schedules = commands.add_parser(
-        "schedules", help="add, list, show, enable, disable or delete schedules",
+        "schedules", help="add, update, list, show, enable, disable or delete schedules",
         description="Manage rows of dispatch.schedules. Writes go through the same trigger as SQL "
                     "(validation, audit row, NOTIFY); a dispatch_admin role may run them.")
     actions = schedules.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -265,11 +361,20 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add.add_argument("--cron", required=True, help="5-field cron expression or macro, e.g. '30 2 * * *'")
     add.add_argument("--timezone", default="UTC", help="IANA time zone of the expression (default UTC)")
     add.add_argument("--args", default="{}", help="JSON object sent as the request's args (default {})")
-    add.add_argument("--max-attempts", type=_positive, default=None,
-                     help="invocations of a run whose listener died before it is lost (default 3)")
     add.add_argument("--disabled", action="store_true", help="add it paused")
+    _add_policy_arguments(add)
     add_connection_arguments(add)
     add.set_defaults(handler=_add)
+
+    update = actions.add_parser("update", help="change a schedule's expression, zone, args or run policies",
+                                description="Change what is given, nothing else; prints the schedule.")
+    update.add_argument("id", help="schedule id")
+    update.add_argument("--cron", dest="cron_expression", help="5-field cron expression or macro")
+    update.add_argument("--timezone", help="IANA time zone of the expression")
+    update.add_argument("--args", help="JSON object sent as the request's args")
+    _add_policy_arguments(update)
+    add_connection_arguments(update)
+    update.set_defaults(handler=_update)
 
     listing = actions.add_parser("list", help="list schedules (not deleted)",
                                  description="List schedules with their state, next run and failures.")

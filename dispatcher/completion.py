@@ -190,7 +190,7 @@ class Completer:
         statuses: dict[str, int] = {}
         durations: list[int] = []
         advanced_any = False
-        for (run, outcome), (recorded, advanced, busy) in zip(items, results, strict=True):
+        for (run, outcome), (recorded, advanced, busy, retry_at) in zip(items, results, strict=True):
             if busy:
                 self._keep(run, outcome, busy=True, reason=BUSY_REASON)
                 continue
@@ -201,6 +201,15 @@ class Completer:
                     extra={"event": "run_not_recorded", **_fields(run, outcome),
                            "reason": "the run is no longer running with this attempt: its lease expired, "
                                      "or it was already recorded"},
+                )
+                continue
+            if retry_at is not None:
+                statuses["retry"] = statuses.get("retry", 0) + 1
+                logger.info(
+                    "run %s: attempt %d failed, retrying at %s", run.run_id, run.attempt,
+                    retry_at.isoformat(),
+                    extra={"event": "run_retry_scheduled", **_fields(run, outcome),
+                           "retry_at": retry_at.isoformat()},
                 )
                 continue
             advanced_any = advanced_any or advanced

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 # The schema this listener is written for: dispatch.migrations must reach this version.
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 # Liveness defaults for every connection (libpq parameters; a URL that sets one wins): an idle
 # connection whose peer vanished is probed after 5 s and given up after 3 more probes 2 s apart,
 # data unacknowledged for 10 s fails the connection, and a connect attempt gives up after 5 s.
@@ -67,7 +67,7 @@ CONNECTION_WAIT_S = 5.0
 # been idle for longer than this: a busy listener would otherwise pay a round trip per call. A
 # connection that broke meanwhile fails its call, which the callers already retry.
 CHECK_AFTER_IDLE_S = 1.0
-_COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s)"
+_COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 # What a server (or libpq) says when waiting will not help: the configuration is wrong.
 # Connection failures carry no SQLSTATE, so the message is all there is; an unrecognised
 # failure counts as transient, and the listener waits for the database as before.
@@ -113,6 +113,10 @@ def _int_array(values: Sequence[int | None]) -> str:
     return "{" + ",".join("NULL" if value is None else str(int(value)) for value in values) + "}"
 
 
+def _bool_array(values: Sequence[bool]) -> str:
+    return "{" + ",".join("t" if value else "f" for value in values) + "}"
+
+
 def _text_array(values: Sequence[str | None]) -> str:
     """See _int_array; every element is quoted, backslashes and double quotes escaped."""
     return "{" + ",".join(
@@ -127,6 +131,11 @@ class Recorded(NamedTuple):
     recorded: bool  # written: the run was still running with the attempt this listener claimed
     advanced: bool  # its schedule moved on to its next slot
     busy: bool  # not written because another transaction holds the run or its schedule: retry
+    retry_at: datetime | None = None  # not finished: the run is retried then (the database's clock)
+
+
+def _recorded(row: dict[str, Any]) -> Recorded:
+    return Recorded(bool(row["recorded"]), bool(row["advanced"]), bool(row["busy"]), row["retry_at"])
 
 
 class DatabaseUnavailable(Exception):
@@ -281,27 +290,34 @@ class Database:
         self._on_success()
         return rows
 
-    async def claim(self, max_runs: int, lease_s: float) -> list[Run]:
-        """Claim up to max_runs pending runs for this worker, leased for lease_s."""
+    async def claim(self, max_runs: int, lease_s: float, timeout_s: float) -> list[Run]:
+        """Claim up to max_runs pending runs for this worker. A run is leased for lease_s, or, when
+        its schedule has its own invocation timeout, for lease_s plus the difference between
+        that and timeout_s (this listener's)."""
         # The lease counts from the server's clock at claim time; counting it from just before
         # the request makes the local deadline err on the early side.
-        deadline = time.monotonic() + lease_s
+        started = time.monotonic()
         rows = await self._fetch(
-            "SELECT * FROM dispatch.claim_runs(%s, %s, %s)",
-            (self._worker_id, max_runs, timedelta(seconds=lease_s)),
+            "SELECT * FROM dispatch.claim_runs(%s, %s, %s, %s)",
+            (self._worker_id, max_runs, timedelta(seconds=lease_s), timedelta(seconds=timeout_s)),
         )
-        return [Run.from_row(row, lease_deadline=deadline) for row in rows]
+        runs = []
+        for row in rows:
+            run_timeout_s = row["timeout"].total_seconds() if row["timeout"] is not None else timeout_s
+            runs.append(Run.from_row(row, lease_deadline=started + lease_s + run_timeout_s - timeout_s,
+                                     timeout_s=run_timeout_s))
+        return runs
 
     def _complete_params(self, run: Run, outcome: Outcome) -> tuple[Any, ...]:
         return (run.run_id, self._worker_id, run.attempt, outcome.status, outcome.error, outcome.http_status,
-                outcome.duration_ms)
+                outcome.duration_ms, outcome.retryable, outcome.retry_after_ms)
 
     async def complete(self, run: Run, outcome: Outcome) -> Recorded:
         """Record an outcome. Not recorded when the run is no longer running with the attempt
         this listener claimed (its lease expired and the run was retried or lost, or an earlier
         call whose answer was lost recorded it already)."""
         rows = await self._fetch(_COMPLETE, self._complete_params(run, outcome))
-        return Recorded(bool(rows[0]["recorded"]), bool(rows[0]["advanced"]), bool(rows[0]["busy"]))
+        return _recorded(rows[0])
 
     async def complete_many(self, items: Sequence[tuple[Run, Outcome]]) -> list[Recorded]:
         """complete() for several runs with dispatch.complete_runs: one statement, one round trip,
@@ -310,8 +326,9 @@ class Database:
             return [await self.complete(*items[0])]
         outcomes = [outcome for _, outcome in items]
         rows = await self._fetch(
-            "SELECT run_id, recorded, advanced, busy FROM dispatch.complete_runs("
-            "%s, %s::bigint[], %s::integer[], %s::text[], %s::text[], %s::integer[], %s::integer[])",
+            "SELECT run_id, recorded, advanced, busy, retry_at FROM dispatch.complete_runs("
+            "%s, %s::bigint[], %s::integer[], %s::text[], %s::text[], %s::integer[], %s::integer[],"
+            " %s::boolean[], %s::integer[])",
             (
                 self._worker_id,
                 _int_array([run.run_id for run, _ in items]),
@@ -320,10 +337,13 @@ class Database:
                 _text_array([o.error for o in outcomes]),
                 _int_array([o.http_status for o in outcomes]),
                 _int_array([o.duration_ms for o in outcomes]),
+                # NULL when nothing may be retried: the common case skips the retry statement
+                _bool_array([o.retryable for o in outcomes]) if any(o.retryable for o in outcomes) else None,
+                (_int_array([o.retry_after_ms for o in outcomes])
+                 if any(o.retry_after_ms is not None for o in outcomes) else None),
             ),
         )
-        by_id = {row["run_id"]: Recorded(bool(row["recorded"]), bool(row["advanced"]), bool(row["busy"]))
-                 for row in rows}
+        by_id = {row["run_id"]: _recorded(row) for row in rows}
         return [by_id[run.run_id] for run, _ in items]
 
     async def release(self, runs: Sequence[Run]) -> int:

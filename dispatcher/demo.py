@@ -36,9 +36,12 @@ DEMO_PROJECT = "demo"
 # (function, cron expression, time zone, args, what it shows)
 DEMO_SCHEDULES: tuple[tuple[str, str, str, dict[str, str], str], ...] = (
     ("send-report", "* * * * *", "UTC", {"to": "team@example.com"}, "every minute"),
-    ("always-fails", "* * * * *", "UTC", {}, "every minute, fails on purpose"),
+    ("always-fails", "* * * * *", "UTC", {},
+     "every minute, fails on purpose: 3 attempts a few seconds apart, then error"),
     ("weekly-digest", "0 9 * * MON", "Europe/Berlin", {"week": "current"}, "Mondays 09:00 Berlin time"),
 )
+# Back-offs short enough to watch the retries of always-fails (docs/policies.md)
+DEMO_RETRY_BACKOFF = ("2 seconds", "4 seconds")
 
 
 class DemoError(Exception):
@@ -86,9 +89,9 @@ def _prepare_database(port: str) -> str:
     with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
         for function, cron, tz, args, _ in DEMO_SCHEDULES:
             conn.execute(
-                "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, timezone, args)"
-                " VALUES (%s, %s, %s, %s, %s)",
-                (DEMO_PROJECT, function, cron, tz, json.dumps(args)),
+                "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, timezone, args,"
+                " retry_backoff, retry_backoff_max) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (DEMO_PROJECT, function, cron, tz, json.dumps(args), *DEMO_RETRY_BACKOFF),
             )
     return url
 

@@ -102,7 +102,7 @@ class Dispatcher:
                 if not free:
                     return
                 try:
-                    runs = await self._db.claim(free, self._lease_s)
+                    runs = await self._db.claim(free, self._lease_s, self._budget.timeout_s)
                 except DatabaseUnavailable as exc:
                     delay = backoff.next_delay()
                     logger.warning("claim failed, retrying in %.1f s", delay,
@@ -128,13 +128,14 @@ class Dispatcher:
 
     async def worker(self) -> None:
         """Invoke queued runs, one at a time, for as long as the listener runs."""
-        margin_s = self._budget.start_margin_s
+        # The lease a queued run needs left to be started: its own timeout plus the safety margin.
+        safety_s = self._budget.start_margin_s - self._budget.timeout_s
         while True:
             run = await self._queue.get()
             if self._stopping.is_set():
                 self._hand_back(run)
                 continue
-            if run.lease_deadline - time.monotonic() < margin_s:
+            if run.lease_deadline - time.monotonic() < (run.timeout_s or self._budget.timeout_s) + safety_s:
                 self._hand_back(run)
                 continue
             self._budget.started()

@@ -253,8 +253,12 @@ def _stuck(conn: Conn) -> Check:
     row = _one(conn,
                "SELECT count(*) FILTER (WHERE status = 'running' AND lease_until < now()) AS expired,"
                " min(lease_until) FILTER (WHERE status = 'running' AND lease_until < now()) AS oldest_lease,"
-               " count(*) FILTER (WHERE status = 'pending' AND scheduled_for < now() - %s) AS waiting,"
-               " min(scheduled_for) FILTER (WHERE status = 'pending' AND scheduled_for < now() - %s)"
+               # a pending run waits from its slot, or a retry from its back-off's end; one that
+               # waits behind the open run (overlap buffer_one) is not stuck
+               " count(*) FILTER (WHERE status = 'pending'"
+               "                    AND coalesce(not_before, scheduled_for) < now() - %s) AS waiting,"
+               " min(scheduled_for) FILTER (WHERE status = 'pending'"
+               "                              AND coalesce(not_before, scheduled_for) < now() - %s)"
                "   AS oldest,"
                " now() AS now"
                " FROM dispatch.runs WHERE status IN ('pending', 'running')", (OVERDUE_AFTER, OVERDUE_AFTER))

@@ -2,25 +2,31 @@
 
 Outcome classification (what dispatch.complete_run records):
 
-==============================================  ======  =========================================
-response                                        status  error
-==============================================  ======  =========================================
-2xx (any body, including none or invalid JSON)  ok      —
-2xx with a JSON object whose "ok" is false      error   ``code: message`` from the body
-other status, JSON body with code / message     error   ``code: message``
-other status (3xx included: no redirects)       error   ``HTTP <status>: <first 200 chars of body>``
-no complete response within the timeout         error   ``timeout: no complete response within N s``
-connection refused, DNS, TLS                    error   ``connection failed: <reason>``
-connection reset or closed mid-response         error   ``connection lost: <reason>``
-==============================================  ======  =========================================
+==============================================  ======  =========================================  =========
+response                                        status  error                                      retryable
+==============================================  ======  =========================================  =========
+2xx (any body, including none or invalid JSON)  ok      —                                          —
+2xx with a JSON object whose "ok" is false      error   ``code: message`` from the body            no
+5xx, 408, 429                                   error   ``code: message`` or ``HTTP <status>: …``  yes
+other status, JSON body with code / message     error   ``code: message``                          no
+other status (3xx included: no redirects)       error   ``HTTP <status>: <first 200 chars>``       no
+no complete response within the timeout         error   ``timeout: no complete response within N s``  yes
+connection refused, DNS, TLS                    error   ``connection failed: <reason>``            yes
+connection reset or closed mid-response         error   ``connection lost: <reason>``              yes
+a response that is not HTTP                     error   ``invalid response: <reason>``             no
+==============================================  ======  =========================================  =========
 
 A 2xx whose body is not JSON is ``ok``: the status is the function's answer, and only a
-well-formed JSON object can say otherwise. At most 64 KiB of a body is read.
+well-formed JSON object can say otherwise. At most 64 KiB of a body is read. A retryable answer
+may carry ``Retry-After`` (seconds or an HTTP date): the retry waits that long, capped by the
+schedule's ``retry_backoff_max``. Whether a retryable failure is retried is the database's call
+(attempts left, the next slot): see dispatch.complete_runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import functools
 import json
 import re
@@ -35,7 +41,16 @@ from dispatcher import __version__
 from dispatcher.runs import Outcome, Run
 from dispatcher.signing import SIGNATURE_HEADER, sign
 
-__all__ = ["MAX_BODY_BYTES", "Invoker", "Request", "build_request", "classify_response", "new_session"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "Invoker",
+    "Request",
+    "build_request",
+    "classify_response",
+    "new_session",
+    "parse_retry_after",
+    "retryable_status",
+]
 
 MAX_BODY_BYTES = 64 * 1024
 EXCERPT_CHARS = 200
@@ -128,6 +143,29 @@ def classify_response(status: int, body: bytes, *, truncated: bool = False) -> t
     return "error", error
 
 
+def retryable_status(status: int) -> bool:
+    """An HTTP status that says "not now" rather than "no": another attempt may succeed."""
+    return status >= 500 or status in (408, 429)
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> int | None:
+    """Milliseconds to wait from a Retry-After header (delay-seconds or an HTTP-date), or None
+    when there is none or it cannot be read."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(int(value), 86_400) * 1000
+    try:
+        at = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    seconds = at.timestamp() - (time.time() if now is None else now)
+    return max(0, min(round(seconds * 1000), 86_400_000))
+
+
 def new_session(*, concurrency: int) -> aiohttp.ClientSession:
     """The one HTTP client of a listener: keep-alive connections, as many as invocations in flight."""
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, ttl_dns_cache=60)
@@ -143,47 +181,63 @@ class Invoker:
     ) -> None:
         self._session = session
         self._url_template = url_template
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._timeout_s = timeout_s
         self._secret = secret
 
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def _timeout(seconds: float) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=seconds)
+
     async def invoke(self, run: Run) -> Outcome:
         started = time.monotonic()
-        status, error, http_status = await self._call(run)
+        outcome = await self._call(run, run.timeout_s or self._timeout_s)
         duration_ms = round((time.monotonic() - started) * 1000)
+        error = outcome.error
         if error is not None:
             error = error.replace("\x00", "")  # PostgreSQL text cannot hold NUL
             if len(error) > 500:
                 error = error[:497] + "..."
-        return Outcome(status="ok" if status == "ok" else "error", error=error,
-                       http_status=http_status, duration_ms=duration_ms)
+        return Outcome(status=outcome.status, error=error, http_status=outcome.http_status,
+                       duration_ms=duration_ms, retryable=outcome.retryable,
+                       retry_after_ms=outcome.retry_after_ms)
 
-    async def _call(self, run: Run) -> tuple[str, str | None, int | None]:
+    async def _call(self, run: Run, timeout_s: float) -> Outcome:
         http_status: int | None = None
         try:
             request = build_request(run, url_template=self._url_template, secret=self._secret)
             async with self._session.post(
                 request.url, data=request.body, headers=request.headers,
-                timeout=self._timeout, allow_redirects=False,
+                timeout=self._timeout(timeout_s), allow_redirects=False,
             ) as response:
                 http_status = response.status
                 body, truncated = await _read_capped(response)
             status, error = classify_response(http_status, body, truncated=truncated)
-            return status, error, http_status
+            if status == "ok":
+                return Outcome(status="ok", http_status=http_status)
+            if not retryable_status(http_status):
+                return Outcome(status="error", error=error, http_status=http_status)
+            return Outcome(status="error", error=error, http_status=http_status, retryable=True,
+                           retry_after_ms=parse_retry_after(response.headers.get("Retry-After")))
         except TimeoutError:
-            return "error", f"timeout: no complete response within {self._timeout_s:g} s", http_status
+            return _failed(f"timeout: no complete response within {timeout_s:g} s", http_status,
+                           retryable=True)
         except aiohttp.ClientConnectorError as exc:
-            return "error", f"connection failed: {exc}", None
+            return _failed(f"connection failed: {exc}", None, retryable=True)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
-            return "error", f"connection lost: {_describe(exc)}", http_status
+            return _failed(f"connection lost: {_describe(exc)}", http_status, retryable=True)
         except aiohttp.ClientResponseError as exc:
-            return "error", f"invalid response: {exc.message or _describe(exc)}", http_status
+            return _failed(f"invalid response: {exc.message or _describe(exc)}", http_status)
         except (aiohttp.ClientError, ValueError, OSError) as exc:
-            return "error", f"request failed: {_describe(exc)}", http_status
+            return _failed(f"request failed: {_describe(exc)}", http_status)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a function must never crash the listener
-            return "error", f"request failed: {_describe(exc)}", http_status
+            return _failed(f"request failed: {_describe(exc)}", http_status)
+
+
+def _failed(error: str, http_status: int | None, *, retryable: bool = False) -> Outcome:
+    return Outcome(status="error", error=error, http_status=http_status, retryable=retryable)
 
 
 def _describe(exc: BaseException) -> str:

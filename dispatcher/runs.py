@@ -23,9 +23,10 @@ class Run:
     attempt: int
     lease_until: datetime
     lease_deadline: float  # time.monotonic() at which the lease is gone for sure
+    timeout_s: float | None = None  # the invocation timeout (claim_runs: the schedule's, else the listener's)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any], *, lease_deadline: float) -> Run:
+    def from_row(cls, row: dict[str, Any], *, lease_deadline: float, timeout_s: float) -> Run:
         return cls(
             run_id=row["run_id"],
             schedule_id=str(row["schedule_id"]),
@@ -37,14 +38,19 @@ class Run:
             attempt=row["attempt"],
             lease_until=row["lease_until"],
             lease_deadline=lease_deadline,
+            timeout_s=timeout_s,
         )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Outcome:
-    """How an invocation ended, as dispatch.complete_run records it."""
+    """How an invocation ended, as dispatch.complete_runs records it."""
 
     status: Literal["ok", "error"]
     error: str | None = None
     http_status: int | None = None
     duration_ms: int = 0
+    # A failure that another attempt may cure (connection, timeout, 5xx, 408, 429): the run is
+    # retried while its schedule has attempts left.
+    retryable: bool = False
+    retry_after_ms: int | None = None  # the function's Retry-After

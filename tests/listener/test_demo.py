@@ -49,7 +49,9 @@ async def test_demo_dispatches_and_stops_cleanly_on_sigint() -> None:
 
         await until(lambda: calls("send-report") and calls("always-fails"), what="the demo functions")
         assert "signature ok" in calls("send-report")[0]
-        await until(lambda: sum('"run_finished"' in line for line in err) == 2, what="both recorded")
+        # always-fails is retried twice, at most 2 s then 4 s later, before it is recorded
+        await until(lambda: sum('"run_finished"' in line for line in err) == 2, within=30,
+                    what="both recorded")
 
         proc.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(proc.wait(), 60) == 0
@@ -67,4 +69,7 @@ async def test_demo_dispatches_and_stops_cleanly_on_sigint() -> None:
     finished = {entry["function_name"]: entry for entry in logs if entry["event"] == "run_finished"}
     assert finished["send-report"]["status"] == "ok"
     assert finished["always-fails"]["error"] == "demo_failure: this function fails on purpose"
+    assert finished["always-fails"]["attempt"] == 3
+    assert len(calls("always-fails")) == 3
+    assert [entry["attempt"] for entry in logs if entry["event"] == "run_retry_scheduled"] == [1, 2]
     assert logs[-1]["event"] == "listener_stopped"

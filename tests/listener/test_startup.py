@@ -14,6 +14,8 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
+from dispatcher.database import SCHEMA_VERSION
+
 from .kit import ListenerProcess, Sink
 
 PASSWORD = "right-password"  # noqa: S105
@@ -96,15 +98,19 @@ async def test_a_missing_or_old_dispatch_schema_exits_2_at_once(db: psycopg.Conn
         bare = psycopg.conninfo.make_conninfo(**{**db.info.get_parameters(), "dbname": name})
         took, proc = await start_and_expect_2(bare, sink)
         assert took < 5
-        assert f"database {name} has no dispatch schema of version 11 or later" in the_line(proc)
+        expected = f"database {name} has no dispatch schema of version {SCHEMA_VERSION} or later"
+        assert expected in the_line(proc)
         assert "pgdispatch install" in the_line(proc)
     finally:
         db.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-    db.execute("DELETE FROM dispatch.migrations WHERE version = 11")  # as if the upgrade never ran
+    # as if the upgrade never ran
+    db.execute("DELETE FROM dispatch.migrations WHERE version = %s", (SCHEMA_VERSION,))
     took, proc = await start_and_expect_2(psycopg.conninfo.make_conninfo(**db.info.get_parameters()), sink)
     assert took < 5
-    assert "has dispatch schema version 10; this listener needs 11: upgrade it" in the_line(proc)
+    old, new = SCHEMA_VERSION - 1, SCHEMA_VERSION
+    needs = f"has dispatch schema version {old}; this listener needs {new}: upgrade it"
+    assert needs in the_line(proc)
 
 
 async def test_the_password_changing_under_a_running_listener_exits_1(

@@ -120,7 +120,7 @@ async def test_the_real_process_exits_1_naming_the_task_that_failed(
                                            "--worker-id", "supervised", "--sweep-interval", "60")
         try:
             await proc.wait_event("listening")
-            db.execute("REVOKE EXECUTE ON FUNCTION dispatch.claim_runs(text, integer, interval)"
+            db.execute("REVOKE EXECUTE ON FUNCTION dispatch.claim_runs(text, integer, interval, interval)"
                        " FROM dispatch_listener")
             mark_all_due(db)
             assert await proc.wait(within=30) == 1

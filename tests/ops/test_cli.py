@@ -15,7 +15,7 @@ from .conftest import Result, run_cli
 COMMANDS = [
     [], ["install"], ["doctor"], ["listen"], ["demo"], ["demo-function"], ["schedules"], ["schedules", "add"],
     ["schedules", "list"], ["schedules", "show"], ["schedules", "enable"], ["schedules", "disable"],
-    ["schedules", "delete"], ["runs"], ["runs", "list"],
+    ["schedules", "delete"], ["schedules", "update"], ["runs"], ["runs", "list"],
 ]
 
 
@@ -170,9 +170,49 @@ def test_runs_list(cli: Callable[..., Result], db: psycopg.Connection) -> None:
     assert cli("runs", "list", "--schedule", ok_id, "--failed", "--json").json == []
     table = cli("runs", "list", "--failed")
     assert table.out.splitlines()[0].split() == [
-        "RUN", "PROJECT", "FUNCTION", "SLOT", "(UTC)", "STATUS", "TRY", "MS", "HTTP", "ERROR"]
-    assert table.out.splitlines()[1].endswith("error   1    12  500   boom: it broke")
+        "RUN", "PROJECT", "FUNCTION", "SLOT", "(UTC)", "STATUS", "TRY", "RETRY", "AT", "MS", "HTTP", "ERROR"]
+    assert re.search(r" error +1 +- +12 +500 +boom: it broke$", table.out.splitlines()[1]), table.out
     # The failing schedule shows in schedules list --failing and in show's recent runs.
     failing = cli("schedules", "list", "--failing", "--json").json
     assert [(row["id"], row["consecutive_failures"]) for row in failing] == [(bad_id, 1)]
     assert "boom: it broke" in cli("schedules", "show", bad_id).out
+
+
+def test_schedules_add_and_update_take_the_run_policies(
+    cli: Callable[..., Result], db: psycopg.Connection
+) -> None:
+    added = _add(cli, "--function", "export", "--cron", "*/15 * * * *", "--max-attempts", "5",
+                 "--retry-backoff", "30 seconds", "--timeout", "2 min", "--misfire-grace", "1 hour",
+                 "--catchup", "all", "--overlap", "buffer_one")["schedule"]
+    assert isinstance(added, dict)
+    sid = added["id"]
+    policies = ("max_attempts", "retry_backoff", "retry_backoff_max", "timeout", "misfire_grace", "catchup",
+                "overlap")
+    assert [added[k] for k in policies] == [5, 30.0, 300.0, 120.0, 3600.0, "all", "buffer_one"]
+
+    updated = cli("schedules", "update", sid, "--catchup", "latest", "--misfire-grace", "none",
+                  "--overlap", "allow", "--json")
+    assert updated.code == 0, updated.err
+    schedule = updated.json["schedule"]
+    assert (schedule["catchup"], schedule["misfire_grace"], schedule["overlap"]) == ("latest", None, "allow")
+    changed = db.execute("SELECT metadata->'changed' FROM dispatch.audit_log WHERE action = 'schedule.update'"
+                         ).fetchone()
+    assert changed == ({"catchup": "latest", "misfire_grace": None, "overlap": "allow"},)
+
+    refused = {
+        ("--timeout", "2 hours"): "timeout must be more than 0 and at most 1 hour, not 02:00:00",
+        ("--catchup", "all"): "catchup = 'all' needs a misfire_grace",
+        ("--retry-backoff", "1 hour"):
+            "retry_backoff (01:00:00) must not exceed retry_backoff_max (00:05:00)",
+        ("--misfire-grace", "soon"): 'invalid input syntax for type interval: "soon"',
+    }
+    for flags, message in refused.items():
+        done = cli("schedules", "update", sid, *flags)
+        assert done.code == 1 and done.err.startswith(f"pgdispatch schedules update: {message}"), done.err
+    nothing = cli("schedules", "update", sid)
+    assert nothing.code == 1 and "nothing to change" in nothing.err
+
+    shown = cli("schedules", "show", sid).out
+    for line in ("max attempts:      5", "retry back-off:    0:00:30", "timeout:           0:02:00",
+                 "misfire grace:     no limit", "catch-up:          latest", "overlap:           allow"):
+        assert line in shown, shown

@@ -113,8 +113,8 @@ def test_healthy_then_each_problem(cli: Callable[..., Result], db: psycopg.Conne
     detail = _check(overdue, "overdue schedules")["detail"]
     assert detail.startswith(f"1 due more than 2 minutes ago and not marked as runs: acme/late {sid} (0:0")
 
-    # Marked but nobody claims it: pending and unclaimed.
-    db.execute("SELECT dispatch.tick()")
+    # Marked (at its time: the tick ran then) but nobody claims it: pending and unclaimed.
+    db.execute("SELECT dispatch.tick(date_trunc('minute', now()) - interval '5 min' + interval '1 second')")
     waiting = cli("doctor", "--json")
     assert _statuses(waiting)["overdue schedules"] == "ok"
     assert _check(waiting, "stuck runs")["detail"].startswith(

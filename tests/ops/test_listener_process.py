@@ -74,6 +74,7 @@ async def test_metrics_scraped_from_a_running_listener(db: psycopg.Connection, d
     sink.handlers["broken"] = fails
     add_schedules(db, 3, function_name="fine")
     add_schedules(db, 1, function_name="broken")
+    db.execute("UPDATE dispatch.schedules SET max_attempts = 1 WHERE function_name = %s", ("broken",))
     proc = await ListenerProcess.start(
         "--database-url", dsn, "--invoke-url", sink.template, "--worker-id", "metrics",
         "--sweep-interval", "1", env={"PGDISPATCH_METRICS_PORT": "127.0.0.1:0"})
