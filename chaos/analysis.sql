@@ -25,6 +25,10 @@ SELECT r.id, r.status, r.error, r.http_status, f.decision, f.answered,
        i.request_id IS NOT NULL AS invoked,
        CASE
            WHEN r.status IN ('pending', 'running') THEN 'unfinished'
+           -- every attempt used: failures the sink made on purpose and lost leases (kills)
+           WHEN r.status = 'lost'
+                AND r.attempt >= (SELECT s.max_attempts FROM dispatch.schedules s WHERE s.id = r.schedule_id)
+           THEN 'exhausted'
            WHEN r.status IN ('skipped', 'lost') THEN r.status
            -- no request reached the sink on the last attempt: only a connection error is right
            WHEN f.rid IS NULL THEN
@@ -64,13 +68,27 @@ JOIN dispatch.runs r ON r.request_id = q.request_id
 LEFT JOIN final_request f ON f.key = q.key
 WHERE f.key IS NULL;
 
+CREATE TEMP TABLE retried_request AS
+-- An earlier attempt recorded as a failure and retried (complete_runs kept it in the run's
+-- earlier_attempts): its request is explained, and the error recorded must be what the sink did.
+SELECT e.key, e.rid,
+       CASE WHEN e.decision = 'fail' THEN (a->>'httpStatus') = '500'
+            WHEN e.decision = 'hang' THEN a->>'error' LIKE 'timeout:%'
+            ELSE a->>'error' LIKE 'connection %'  -- a reset, or the sink killed mid-answer
+       END AS agrees
+FROM extra_request e
+JOIN dispatch.runs r ON r.id = e.rid
+CROSS JOIN LATERAL jsonb_array_elements(r.earlier_attempts) a
+WHERE (a->>'attempt')::int = e.attempt AND a->>'status' = 'error';
+
 CREATE TEMP TABLE unexplained_extra AS
 -- An earlier invocation whose outcome was not recorded must have met a fault that can stop a
 -- record: its listener killed, its sessions terminated, or a database restart, between its claim
 -- (at most a lease before it arrived) and its lease's end (at most a lease after).
 SELECT e.*
 FROM extra_request e, chaos.params p
-WHERE NOT EXISTS (
+WHERE NOT EXISTS (SELECT 1 FROM retried_request rr WHERE rr.key = e.key)
+  AND NOT EXISTS (
     SELECT 1 FROM chaos.faults f
     WHERE (f.kind LIKE 'restart%' OR (f.kind IN ('kill', 'terminate') AND f.target = e.worker))
       AND f.at <= e.arrived + p.lease_s + 1
@@ -106,8 +124,11 @@ UNION ALL
 SELECT 'slots lost (unfinished, or finished with no invocation)',
        count(*) FILTER (WHERE fate IN ('unfinished', 'no_invocation'))::text FROM verdict
 UNION ALL
-SELECT 'runs given up (status lost after max_attempts) or skipped',
+SELECT 'runs given up with attempts left, or skipped',
        count(*) FILTER (WHERE fate IN ('lost', 'skipped'))::text FROM verdict
+UNION ALL
+SELECT 'runs that used every attempt (failed or lost each time): lost',
+       count(*) FILTER (WHERE fate = 'exhausted')::text FROM verdict
 UNION ALL
 SELECT 'runs whose status disagrees with the sink', count(*) FILTER (WHERE fate = 'disagrees')::text FROM verdict
 UNION ALL
@@ -117,6 +138,11 @@ UNION ALL
 SELECT 'extra invocations (beyond the recorded one)', count(*)::text FROM extra_request
 UNION ALL
 SELECT 'extra invocations with no kill, terminate or restart to explain them', count(*)::text FROM unexplained_extra
+UNION ALL
+SELECT 'attempts that failed and were retried', count(*)::text FROM retried_request
+UNION ALL
+SELECT 'retried attempts whose recorded error disagrees with the sink', count(*)::text
+FROM retried_request WHERE NOT agrees
 UNION ALL
 SELECT 'same attempt invoked twice', count(*)::text
 FROM (SELECT 1 FROM chaos.requests GROUP BY request_id, attempt HAVING count(*) > 1) d

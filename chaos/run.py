@@ -352,10 +352,18 @@ class Harness:
         self.cluster.psql("-f", str(Path(__file__).with_name("schema.sql")))
         p = self.profile
         with psycopg.connect(self.cluster.url(), autocommit=True) as conn:
+            # A mix of run policies: a quarter call "flaky" (20 % of its requests fail), a quarter
+            # overlap allow, a quarter buffer_one. Every failure the sink makes is retryable, with
+            # back-offs of a fraction of a simulated minute. Every slot must run: catchup all,
+            # within a day (the slots are a day ahead of the real clock).
             conn.execute(
                 "INSERT INTO dispatch.schedules"
-                " (project_id, function_name, cron_expression, args, max_attempts)"
-                " SELECT 'p' || (i %% 10), 'f', '* * * * *', jsonb_build_object('i', i), 10"
+                " (project_id, function_name, cron_expression, args, max_attempts, catchup, misfire_grace,"
+                "  overlap, retry_backoff, retry_backoff_max)"
+                " SELECT 'p' || (i %% 10), CASE WHEN i %% 4 = 1 THEN 'flaky' ELSE 'f' END, '* * * * *',"
+                "        jsonb_build_object('i', i), 10, 'all', '1 day',"
+                "        (ARRAY['skip', 'skip', 'allow', 'buffer_one'])[i %% 4 + 1],"
+                "        '200 milliseconds', '2 seconds'"
                 " FROM generate_series(1, %s) i", (p.schedules,))
             conn.execute(
                 "INSERT INTO chaos.params (base, last_slot, minutes, lease_s)"
@@ -759,9 +767,10 @@ class Harness:
         must_be("slots marked", figures["slots expected"])
         must_be("slots missing or extra (gaps in a schedule's minutes)", "0")
         must_be("slots lost (unfinished, or finished with no invocation)", "0")
-        must_be("runs given up (status lost after max_attempts) or skipped", "0")
+        must_be("runs given up with attempts left, or skipped", "0")
         must_be("runs whose status disagrees with the sink", "0")
         must_be("extra invocations with no kill, terminate or restart to explain them", "0")
+        must_be("retried attempts whose recorded error disagrees with the sink", "0")
         must_be("same attempt invoked twice", "0")
         must_be("slots invoked under more than one request id", "0")
         must_be("requests whose request id, slot or schedule is not their run's", "0")

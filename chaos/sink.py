@@ -19,7 +19,9 @@ nothing that arrived), and a second line once the answer has been sent in full:
 
 Which decision a request gets is drawn at random with the probabilities set on the control port:
 ``POST /mode`` with a JSON object ``{"fail": p, "hang": p, "reset": p, "slow": p}`` (the rest is
-``ok``); ``GET /inflight`` returns ``{worker: requests being answered}``. "Down for a while" is
+``ok``); requests to the function ``flaky`` fail besides with the probability ``--flaky`` (0.2),
+so that schedules with retries meet failures all the time. ``GET /inflight`` returns
+``{worker: requests being answered}``. "Down for a while" is
 done by the harness killing this process and starting it again on the same port.
 """
 
@@ -45,18 +47,21 @@ DECISIONS = ("fail", "hang", "reset", "slow")
 
 
 class Sink:
-    def __init__(self, record_path: str, hang_s: float) -> None:
+    def __init__(self, record_path: str, hang_s: float, flaky: float) -> None:
         self._fd = os.open(record_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._keys = itertools.count()
         self._prefix = f"{os.getpid()}-"
         self._hang_s = hang_s
+        self._flaky = flaky
         self.mode: dict[str, float] = dict.fromkeys(DECISIONS, 0.0)
         self.inflight: dict[str, int] = {}
 
     def _write(self, *fields: object) -> None:
         os.write(self._fd, ("\t".join(str(f) for f in fields) + "\n").encode())
 
-    def _decide(self) -> str:
+    def _decide(self, function_name: str) -> str:
+        if function_name == "flaky" and random.random() < self._flaky:
+            return "fail"
         draw = random.random()
         for decision in DECISIONS:
             draw -= self.mode.get(decision, 0.0)
@@ -72,7 +77,7 @@ class Sink:
         except (ValueError, KeyError, TypeError):
             invoker = {}
         key = f"{self._prefix}{next(self._keys)}"
-        decision = self._decide()
+        decision = self._decide(request.match_info["function_name"])
         self._write("A", key, worker, request.headers.get("X-Request-Id", ""), invoker.get("scheduleId", ""),
                     invoker.get("scheduledFor", ""), invoker.get("runId", ""), invoker.get("attempt", ""),
                     decision, f"{time.time():.6f}")
@@ -116,8 +121,8 @@ class Sink:
         return web.json_response({worker: n for worker, n in self.inflight.items() if n})
 
 
-async def serve(port: int, control_port: int, record: str, hang_s: float) -> None:
-    sink = Sink(record, hang_s)
+async def serve(port: int, control_port: int, record: str, hang_s: float, flaky: float) -> None:
+    sink = Sink(record, hang_s, flaky)
     app = web.Application(client_max_size=16 * 1024 * 1024)
     app.router.add_post("/w/{worker}/projects/{project_id}/functions/{function_name}", sink.handle)
     control = web.Application()
@@ -143,9 +148,10 @@ def main() -> None:
     parser.add_argument("--control-port", type=int, required=True)
     parser.add_argument("--record", required=True)
     parser.add_argument("--hang", type=float, default=5.0)
+    parser.add_argument("--flaky", type=float, default=0.2)
     args = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.port, args.control_port, args.record, args.hang))
+        asyncio.run(serve(args.port, args.control_port, args.record, args.hang, args.flaky))
 
 
 if __name__ == "__main__":
