@@ -100,7 +100,8 @@ def table(f: dict[str, Any], sizes: list[int], listener_counts: list[int]) -> li
         f"| `dispatch.tick()`, none due | {f['tick_0_due_ms']:.2f} ms | ≤ 2 ms: "
         f"{verdict(f['tick_0_due_ms'] <= 2)} | |",
         f"| `dispatch.tick()` marking 10,000 | {f['tick_10000_due_ms']:.1f} ms | ≤ 250 ms: "
-        f"{verdict(f['tick_10000_due_ms'] <= 250)} | 1,000 due: {f['tick_1000_due_ms']:.1f} ms |",
+        f"{verdict(f['tick_10000_due_ms'] <= 250)} | 1,000 due: {f['tick_1000_due_ms']:.1f} ms;"
+        f" 10,000 due 7 minutes late (catch-up: each one's latest slot): {f['tick_10000_late_ms']:.1f} ms |",
         f"| `claim_runs(100)`, {f['claim_pending']:,} pending, 0 → {f['claim_finished']:,} finished "
         f"| {f['claim_ms_empty']:.2f} → {f['claim_ms_full']:.2f} ms | as fast: "
         # The plan is the proof (the pending index holds pending runs only); the timing check

@@ -1,4 +1,4 @@
-"""dispatch.tick() with 1,000,000 schedules of which 0 / 1,000 / 10,000 are due.
+"""dispatch.tick() with 1,000,000 schedules of which 0 / 1,000 / 10,000 are due (and 10,000 late).
 
     .venv/bin/python -m bench.tick [--schedules 1000000]
 
@@ -47,11 +47,14 @@ def load(conn: psycopg.Connection, count: int) -> None:
     conn.execute("VACUUM ANALYZE dispatch.schedules")
 
 
-def measure(conn: psycopg.Connection, due: int, repeat: int) -> tuple[float, float, int]:
+def measure(conn: psycopg.Connection, due: int, repeat: int, late: str) -> tuple[float, float, int]:
+    """Ticks with `due` schedules whose slot is `late` ago: within the last minute, the tick that
+    marks on time; more, the tick that comes back after an outage (catchup latest: each
+    schedule's most recent slot is computed)."""
     conn.execute(
-        "UPDATE dispatch.schedules SET next_run_at = now() - interval '1 minute'"
+        "UPDATE dispatch.schedules SET next_run_at = now() - %s::interval"
         " WHERE id IN (SELECT id FROM dispatch.schedules ORDER BY id LIMIT %s)",
-        (due,),
+        (late, due),
     )
     conn.execute("VACUUM ANALYZE dispatch.schedules")
     samples = []
@@ -79,15 +82,18 @@ def main() -> None:
         started = time.perf_counter()
         load(conn, args.schedules)
         print(f"tick benchmark: {args.schedules:,} schedules loaded in {time.perf_counter() - started:.1f} s")
-        for due, repeat in [(0, 200), (1_000, 20), (10_000, 10)]:
-            median, worst, marked = measure(conn, due, repeat)
+        rounds = [(0, 200, "30 seconds"), (1_000, 20, "30 seconds"), (10_000, 10, "30 seconds"),
+                  (10_000, 10, "7 minutes")]
+        for due, repeat, late in rounds:
+            median, worst, marked = measure(conn, due, repeat, late)
             assert marked == due, f"tick marked {marked}, expected {due}"
-            goal = GOALS_MS[due]
+            goal = GOALS_MS[due] if late == "30 seconds" else None
             verdict = f"goal <= {goal:g} ms: {'met' if median <= goal else 'MISSED'}" if goal else ""
             print(
-                f"  {due:>6,} due: median {median:8.2f} ms  max {worst:8.2f} ms  ({repeat} ticks)  {verdict}"
+                f"  {due:>6,} due {late} ago: median {median:8.2f} ms  max {worst:8.2f} ms  ({repeat} ticks)"
+                f"  {verdict}"
             )
-            record(**{f"tick_{due}_due_ms": median})
+            record(**{f"tick_{due}_due_ms" if late == "30 seconds" else f"tick_{due}_late_ms": median})
 
 
 if __name__ == "__main__":

@@ -285,6 +285,44 @@ def test_a_few_missed_slots_each_get_a_skipped_run(db: psycopg.Connection) -> No
         skipped)
 
 
+def test_a_short_outage_marks_the_latest_slot_of_each_and_a_zone_gone_backs_off_alone(
+    db: psycopg.Connection,
+) -> None:
+    """After minutes down (no slot beyond a grace), one statement marks every due schedule: the
+    latest slot under catchup latest, the oldest under all. A schedule whose zone vanished from
+    the tz database fails that statement; the others are still marked, and it alone backs off."""
+    latest = [add_schedule(db, "* * * * *"), add_schedule(db, "*/2 * * * *", misfire_grace="1 hour")]
+    oldest = add_schedule(db, "* * * * *", misfire_grace="1 hour", catchup="all")
+    gone = add_schedule(db, "* * * * *")
+    make_due(db, "7 minutes")
+    start = scalar(db, "SELECT date_trunc('minute', now() - interval '7 minutes')")
+
+    def marked() -> dict[str, datetime]:
+        return {str(sid): slot for sid, slot in db.execute(
+            "SELECT schedule_id, scheduled_for FROM dispatch.runs WHERE status = 'pending'")}
+
+    now = scalar(db, "SELECT now()")  # one horizon for both ticks, whatever minute the test runs in
+    db.execute("SELECT dispatch.tick(%s)", (now,))
+    want = {latest[0]: now.replace(second=0, microsecond=0),
+            latest[1]: scalar(db, "SELECT date_bin('2 minutes', %s, timestamptz '2000-01-01')", (now,)),
+            oldest: start, gone: now.replace(second=0, microsecond=0)}
+    assert marked() == want
+    # the schedules stay on the slot they run (overlap skip) until it finishes
+    assert {str(sid): at for sid, at in db.execute("SELECT id, next_run_at FROM dispatch.schedules")} == want
+
+    db.execute("TRUNCATE dispatch.runs")
+    make_due(db, "7 minutes")
+    db.execute("SET session_replication_role = replica")  # the write path would refuse the zone
+    db.execute("UPDATE dispatch.schedules SET timezone = 'Gone/Away' WHERE id = %s", (gone,))
+    db.execute("RESET session_replication_role")
+    want[oldest] = scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (oldest,))
+    db.execute("SELECT dispatch.tick(%s)", (now,))
+    assert marked() == {sid: slot for sid, slot in want.items() if sid != gone}
+    reason, next_run_at = db.execute("SELECT backoff_reason, next_run_at - now() FROM dispatch.schedules"
+                                     " WHERE id = %s", (gone,)).fetchone()  # type: ignore[misc]
+    assert "Gone/Away" in reason and timedelta(minutes=59) < next_run_at <= timedelta(hours=1)
+
+
 # -- catch-up x overlap ------------------------------------------------------------------------------
 
 HOUR = timedelta(hours=1)
