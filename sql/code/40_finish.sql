@@ -221,12 +221,15 @@ $$;
 
 -- A first attempt that can no longer start within its schedule's misfire_grace. Retries and
 -- attempts after a lost lease are not held to it: the first attempt started in time.
+-- No SET clause, unlike the others, so every operator is qualified: the planner inlines it into
+-- the claim's statement. A SET would make it a call per row, with both rows built as composite
+-- values for it (0.3 ms on claim_runs(100)).
 CREATE OR REPLACE FUNCTION dispatch._missed(r dispatch.runs, s dispatch.schedules)
 RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT r.attempt = 0 AND s.misfire_grace IS NOT NULL AND now() - r.scheduled_for > s.misfire_grace
+    SELECT r.attempt OPERATOR(pg_catalog.=) 0 AND s.misfire_grace IS NOT NULL
+       AND (pg_catalog.now() OPERATOR(pg_catalog.-) r.scheduled_for) OPERATOR(pg_catalog.>) s.misfire_grace
 $$;
 
 -- Pending runs that must not be invoked end here: those whose schedule stopped (skipped when no
