@@ -967,9 +967,9 @@ $$;
 
 CREATE FUNCTION dispatch._missed(r dispatch.runs, s dispatch.schedules) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
-    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    SELECT r.attempt = 0 AND s.misfire_grace IS NOT NULL AND now() - r.scheduled_for > s.misfire_grace
+    SELECT r.attempt OPERATOR(pg_catalog.=) 0 AND s.misfire_grace IS NOT NULL
+       AND (pg_catalog.now() OPERATOR(pg_catalog.-) r.scheduled_for) OPERATOR(pg_catalog.>) s.misfire_grace
 $$;
 
 
@@ -2467,27 +2467,51 @@ BEGIN
     -- Due schedules, each locked or left to the tick that holds it. A schedule whose run is open
     -- is not even locked when its overlap policy has nothing to add (skip; buffer_one with its
     -- buffer full).
-    WITH due AS MATERIALIZED (
-        SELECT s.id, s.next_run_at,
-               s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
-               AND s.next_run_at > horizon - interval '1 minute'
-               AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace) AS on_time
-        FROM dispatch.schedules s
-        LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
-        CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
-                            WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')) o
-        WHERE s.next_run_at <= horizon
-          AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
-        FOR NO KEY UPDATE OF s SKIP LOCKED
-    ), new_runs AS (
-        INSERT INTO dispatch.runs (schedule_id, scheduled_for)
-        SELECT d.id, d.next_run_at FROM due d WHERE d.on_time
-        ON CONFLICT DO NOTHING  -- cannot happen given the above; never an error if it did
-        RETURNING 1
-    )
-    SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.on_time)
-    INTO marked, by_policy
-    FROM due d;
+    BEGIN
+        WITH due AS MATERIALIZED (
+            SELECT s.id, s.next_run_at, s.cron_spec, s.timezone, s.catchup,
+                   s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
+                   AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace) AS plain
+            FROM dispatch.schedules s
+            LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
+            CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
+                                WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')) o
+            WHERE s.next_run_at <= horizon
+              AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
+            FOR NO KEY UPDATE OF s SKIP LOCKED
+        ), slot AS (
+            -- The slot to run: next_run_at when on time (slots are at least a minute apart, so none
+            -- was missed) or under catchup all (the oldest first); under catchup latest, the most
+            -- recent slot due, the missed ones coalesced into it.
+            SELECT d.id, d.next_run_at AS due_at,
+                   CASE WHEN d.next_run_at > horizon - interval '1 minute' OR d.catchup = 'all' THEN d.next_run_at
+                        ELSE coalesce(dispatch._cron_latest(d.cron_spec, d.next_run_at - interval '1 microsecond',
+                                                            horizon, d.timezone),
+                                      d.next_run_at)
+                   END AS scheduled_for
+            FROM due d WHERE d.plain
+        ), new_runs AS (
+            INSERT INTO dispatch.runs (schedule_id, scheduled_for)
+            SELECT x.id, x.scheduled_for FROM slot x
+            ON CONFLICT DO NOTHING  -- cannot happen given the above; never an error if it did
+            RETURNING 1
+        ), coalesced AS (
+            -- skip and buffer_one stay on the slot they run until it finishes (a data-modifying
+            -- WITH runs whether or not it is read)
+            UPDATE dispatch.schedules s SET next_run_at = x.scheduled_for
+            FROM slot x WHERE s.id = x.id AND x.scheduled_for <> x.due_at
+        )
+        SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.plain)
+        INTO marked, by_policy
+        FROM due d;
+    EXCEPTION WHEN OTHERS THEN
+        -- A slot that cannot be computed (a zone gone from the tz database) fails the statement
+        -- for every schedule in it: each due schedule then goes on its own, and only that one
+        -- backs off.
+        marked := 0;
+        by_policy := ARRAY(SELECT s.id FROM dispatch.schedules s WHERE s.next_run_at <= horizon
+                           FOR NO KEY UPDATE SKIP LOCKED);
+    END;
 
     FOREACH sid IN ARRAY coalesce(by_policy, '{}') LOOP
         marked := marked + dispatch._tick_schedule_guarded(sid, horizon);
