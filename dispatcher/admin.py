@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -32,13 +33,14 @@ RUN_STATUSES = ("pending", "running", "ok", "error", "skipped", "lost")
 
 _SCHEDULE = """
 SELECT s.id, s.project_id, s.function_name, s.cron_expression, s.timezone, s.args,
-       CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted' WHEN s.enabled THEN 'enabled' ELSE 'disabled' END
+       CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted' WHEN s.paused_at IS NOT NULL THEN 'paused'
+            WHEN s.enabled THEN 'enabled' ELSE 'disabled' END
            AS state,
        s.next_run_at, s.last_run_at, s.last_status, s.last_error, s.max_attempts, s.retry_backoff,
        s.retry_backoff_max, s.timeout, s.misfire_grace, s.catchup, s.overlap,
        coalesce(st.consecutive_failures, 0) AS consecutive_failures, st.current_run_status,
        st.current_attempt, coalesce(st.open_runs, 0) AS open_runs, st.next_retry_at,
-       st.overdue_by, s.created_at, s.updated_at, s.deleted_at
+       st.overdue_by, s.paused_at, s.paused_by, s.paused_reason, s.created_at, s.updated_at, s.deleted_at
 FROM dispatch.schedules s
 LEFT JOIN dispatch.schedule_status st ON st.id = s.id
 """
@@ -149,6 +151,7 @@ def _print_details(details: dict[str, Any]) -> None:
     schedule = details["schedule"]
     fields = [("id", "id"), ("project_id", "project"), ("function_name", "function"),
               ("cron_expression", "cron"), ("timezone", "time zone"), ("args", "args"), ("state", "state"),
+              ("paused_at", "paused at"), ("paused_by", "paused by"), ("paused_reason", "pause reason"),
               ("next_run_at", "next run"), ("last_run_at", "last run"), ("last_status", "last status"),
               ("last_error", "last error"), ("consecutive_failures", "failures in a row"),
               ("current_run_status", "run in flight"), ("current_attempt", "attempts so far"),
@@ -158,7 +161,8 @@ def _print_details(details: dict[str, Any]) -> None:
               ("misfire_grace", "misfire grace"),
               ("catchup", "catch-up"), ("overlap", "overlap"), ("created_at", "created"),
               ("updated_at", "updated"), ("deleted_at", "deleted")]
-    optional = ("deleted_at", "overdue_by", "current_run_status", "current_attempt", "next_retry_at")
+    optional = ("deleted_at", "overdue_by", "current_run_status", "current_attempt", "next_retry_at",
+                "paused_at", "paused_by", "paused_reason")
     for key, label in fields:
         if key in optional and schedule[key] is None:
             continue
@@ -322,6 +326,75 @@ def _change(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pause_or_resume(args: argparse.Namespace) -> int:
+    schedule_id = _schedule_id(args.id)
+    with connect(args) as conn:
+        _load(conn, schedule_id)
+        try:
+            if args.action == "pause":
+                conn.execute("SELECT dispatch.pause(%s, %s)", (schedule_id, args.reason))
+            else:
+                conn.execute("SELECT dispatch.resume(%s)", (schedule_id,))
+        except psycopg.Error as exc:
+            raise _database_error(exc) from None
+        schedule = conn.execute(_SCHEDULE + " WHERE s.id = %s", (schedule_id,)).fetchone()
+    assert schedule is not None
+    if args.json:
+        print_json(schedule)
+    elif args.action == "pause":
+        why = f" ({schedule['paused_reason']})" if schedule["paused_reason"] else ""
+        print(f"schedule {schedule_id} {schedule['project_id']}/{schedule['function_name']} paused"
+              f" by {schedule['paused_by']}{why}")
+    else:
+        print(f"schedule {schedule_id} {schedule['project_id']}/{schedule['function_name']} resumed;"
+              f" next run {format_value(schedule['next_run_at'])}")
+    return 0
+
+
+_FINISHED = ("ok", "error", "skipped", "lost")
+
+
+def _run_now(args: argparse.Namespace) -> int:
+    schedule_id = _schedule_id(args.id)
+    with connect(args) as conn:
+        _load(conn, schedule_id)
+        try:
+            run_id = conn.execute("SELECT dispatch.run_now(%s) AS id", (schedule_id,)).fetchone()["id"]  # type: ignore[index]
+        except psycopg.Error as exc:
+            raise _database_error(exc) from None
+        run = _run_row(conn, run_id)
+        if not args.wait:
+            if args.json:
+                print_json(run)
+            else:
+                print(f"run {run_id} of schedule {schedule_id}: {run['status']}")
+            return 0
+        if not args.json:
+            print(f"run {run_id} of schedule {schedule_id}: waiting for its outcome", flush=True)
+        deadline = time.monotonic() + args.wait_timeout
+        while run["status"] not in _FINISHED:
+            if time.monotonic() > deadline:
+                raise CommandError(f"run {run_id} is still {run['status']} after {args.wait_timeout:g} s"
+                                   " (is a listener running?)")
+            time.sleep(0.1)
+            run = _run_row(conn, run_id)
+    if args.json:
+        print_json(run)
+    else:
+        error = f": {run['error']}" if run["error"] else ""
+        http = f", HTTP {run['http_status']}" if run["http_status"] is not None else ""
+        print(f"run {run_id}: {run['status']} after {run['attempt']} attempt(s){http}{error}")
+    return 0 if run["status"] == "ok" else 1
+
+
+def _run_row(conn: psycopg.Connection[dict[str, Any]], run_id: int) -> dict[str, Any]:
+    row = conn.execute("SELECT id, schedule_id, kind, status, attempt, request_id, scheduled_for,"
+                       " finished_at, http_status, duration_ms, error FROM dispatch.runs WHERE id = %s",
+                       (run_id,)).fetchone()
+    assert row is not None
+    return row
+
+
 def _runs(args: argparse.Namespace) -> int:
     statuses: list[str] | None = None
     if args.failed:
@@ -349,7 +422,7 @@ def _positive(text: str) -> int:
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `schedules` and `runs` with the top-level parser."""
     schedules = commands.add_parser(
-        "schedules", help="add, update, list, show, enable, disable or delete schedules",
+        "schedules", help="add, update, list, show, pause, resume, run, enable, disable or delete schedules",
         description="Manage rows of dispatch.schedules. Writes go through the same trigger as SQL "
                     "(validation, audit row, NOTIFY); a dispatch_admin role may run them.")
     actions = schedules.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -398,6 +471,30 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         parser.add_argument("id", help="schedule id")
         add_connection_arguments(parser)
         parser.set_defaults(handler=_change)
+
+    pause = actions.add_parser("pause", help="pause a schedule, with a reason (dispatch.pause)",
+                               description="Pause a schedule: nothing fires until it is resumed; the reason "
+                                           "and your role are recorded.")
+    pause.add_argument("id", help="schedule id")
+    pause.add_argument("--reason", help="why (at most 500 characters), shown by schedules show")
+    add_connection_arguments(pause)
+    pause.set_defaults(handler=_pause_or_resume)
+    resume = actions.add_parser("resume", help="resume a paused schedule (dispatch.resume)",
+                                description="Resume a paused schedule from its first slot after now; the "
+                                            "slots of the pause are not caught up.")
+    resume.add_argument("id", help="schedule id")
+    add_connection_arguments(resume)
+    resume.set_defaults(handler=_pause_or_resume)
+    run = actions.add_parser("run", help="invoke a schedule's function now (dispatch.run_now)",
+                             description="Invoke a schedule's function now, outside its slots (a manual run "
+                                         "with its own request id); prints the run id. With --wait, waits "
+                                         "for its outcome and exits 1 unless it is ok.")
+    run.add_argument("id", help="schedule id")
+    run.add_argument("--wait", action="store_true", help="wait for the run's outcome and print it")
+    run.add_argument("--wait-timeout", type=float, default=300, metavar="SECONDS",
+                     help="give up waiting after this long (default 300)")
+    add_connection_arguments(run)
+    run.set_defaults(handler=_run_now)
 
     runs = commands.add_parser("runs", help="recent runs",
                                description="Runs from dispatch.runs, newest first.")

@@ -50,6 +50,9 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \set version 12
 \set name 0012_run_policies
 \ir apply_migration.psql
+\set version 13
+\set name 0013_run_kinds
+\ir apply_migration.psql
 \ir code/10_cron_engine.sql
 \ir code/15_schema_version.sql
 \ir code/20_timezones.sql

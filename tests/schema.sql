@@ -80,9 +80,11 @@ CREATE TABLE dispatch.runs (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     not_before timestamp with time zone,
     earlier_attempts jsonb,
+    kind text DEFAULT 'scheduled'::text NOT NULL,
     CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT runs_error_length_check CHECK ((length(error) <= 500)),
     CONSTRAINT runs_finished_at_check CHECK (((status = ANY (ARRAY['pending'::text, 'running'::text])) = (finished_at IS NULL))),
+    CONSTRAINT runs_kind_check CHECK ((kind = ANY (ARRAY['scheduled'::text, 'manual'::text, 'backfill'::text]))),
     CONSTRAINT runs_not_before_check CHECK (((not_before IS NULL) OR (status = 'pending'::text))),
     CONSTRAINT runs_running_has_lease_check CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_until > claimed_at)))),
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'ok'::text, 'error'::text, 'skipped'::text, 'lost'::text])))
@@ -161,6 +163,13 @@ COMMENT ON COLUMN dispatch.runs.earlier_attempts IS 'The attempts before the las
 
 
 --
+-- Name: COLUMN runs.kind; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.kind IS 'scheduled: one of the schedule''s slots, marked by tick; manual: asked for by dispatch.run_now, due at the instant of the call; backfill: a past slot marked by dispatch.backfill.';
+
+
+--
 -- Name: _advance_schedules(dispatch.runs[], boolean); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -176,10 +185,13 @@ BEGIN
     WITH done AS (
         SELECT * FROM unnest(_advance_schedules.finished)
     ), latest AS MATERIALIZED (
-        -- per schedule, the latest slot of this batch: what last_* report, what next_run_at
-        -- must move past
+        -- per schedule, the latest run of this batch (what last_* report) and the latest of its
+        -- own slots (what next_run_at must move past; NULL when only manual or backfill runs
+        -- ended, which leave the slots alone)
         SELECT DISTINCT ON (d.schedule_id)
-               d.schedule_id, d.scheduled_for, d.status, d.error, coalesce(d.claimed_at, d.finished_at) AS ran_at
+               d.schedule_id, d.status, d.error, coalesce(d.claimed_at, d.finished_at) AS ran_at,
+               max(d.scheduled_for) FILTER (WHERE d.kind = 'scheduled') OVER (PARTITION BY d.schedule_id)
+                   AS scheduled_for
         FROM done d
         ORDER BY d.schedule_id, d.scheduled_for DESC
     ), sched AS MATERIALIZED (
@@ -192,7 +204,8 @@ BEGIN
                s.next_run_at <= greatest(s.last_slot, l.scheduled_for) AS behind,
                CASE WHEN s.catchup = 'all' THEN greatest(s.last_slot, l.scheduled_for)
                     ELSE greatest(s.last_slot, l.scheduled_for, clock) END AS after,
-               s.overlap = 'buffer_one' OR s.catchup = 'all' AS follow_up
+               s.overlap = 'buffer_one' OR s.catchup = 'all' OR (l.scheduled_for IS NULL AND s.next_run_at <= clock)
+                   AS follow_up
         FROM dispatch.schedules s
         JOIN latest l ON l.schedule_id = s.id
     ), slots AS MATERIALIZED (
@@ -949,7 +962,10 @@ BEGIN
     SELECT count(*) INTO ready FROM released;
     FOR sid IN
         SELECT s.id FROM dispatch.schedules s
-        WHERE s.id = ANY (_follow_up.schedule_ids) AND s.catchup = 'all' AND s.next_run_at <= clock
+        WHERE s.id = ANY (_follow_up.schedule_ids) AND s.next_run_at <= clock
+          AND (s.catchup = 'all'
+               OR NOT EXISTS (SELECT 1 FROM dispatch.runs o
+                              WHERE o.schedule_id = s.id AND o.status IN ('pending', 'running')))
     LOOP
         ready := ready + dispatch._tick_schedule_guarded(sid, clock);
     END LOOP;
@@ -2416,6 +2432,73 @@ COMMENT ON FUNCTION dispatch.resume(schedule_id uuid) IS 'Resume a paused schedu
 
 
 --
+-- Name: run_now(uuid); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.run_now(schedule_id uuid) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    s dispatch.schedules := dispatch._operable_schedule(run_now.schedule_id, 'run now');
+    open_run dispatch.runs;
+    run dispatch.runs;
+BEGIN
+    -- A stopped schedule's runs are ended at the claim, never invoked: refuse rather than
+    -- hand back a run id that can only end skipped.
+    IF s.paused_at IS NOT NULL THEN
+        RAISE EXCEPTION 'cannot run now: schedule % is paused (since % by %)', s.id, s.paused_at, s.paused_by
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'dispatch.resume() it first.';
+    END IF;
+    IF NOT s.enabled THEN
+        RAISE EXCEPTION 'cannot run now: schedule % is disabled', s.id
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Enable it first.';
+    END IF;
+    SELECT * INTO open_run FROM dispatch.runs r
+    WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
+    ORDER BY r.id LIMIT 1;
+    IF s.overlap = 'skip' AND open_run.id IS NOT NULL THEN
+        RAISE EXCEPTION 'cannot run now: schedule % has run % open (%, slot %) and its overlap is skip',
+                        s.id, open_run.id, open_run.status, open_run.scheduled_for
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Wait for that run to finish, or set overlap to buffer_one or allow.';
+    END IF;
+    -- buffer_one keeps one run in flight: the manual run waits behind the open one, in the
+    -- place of the slot that would have.
+    IF s.overlap = 'buffer_one' AND open_run.id IS NOT NULL
+       AND EXISTS (SELECT 1 FROM dispatch.runs r
+                   WHERE r.schedule_id = s.id AND r.status = 'pending' AND r.not_before = 'infinity') THEN
+        RAISE EXCEPTION 'cannot run now: schedule % has run % open and a run waiting behind it (overlap buffer_one)',
+                        s.id, open_run.id
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Wait for the open run to finish, or set overlap to allow.';
+    END IF;
+
+    -- Due at the instant of the call, with its own request id; the schedule's slots stay as
+    -- they are (dispatch._advance_schedules leaves them to scheduled runs).
+    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, kind, not_before)
+    VALUES (s.id, clock_timestamp(), 'manual',
+            CASE WHEN s.overlap = 'buffer_one' AND open_run.id IS NOT NULL THEN timestamptz 'infinity' END)
+    RETURNING r.* INTO run;
+    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+    VALUES (session_user, s.project_id, 'schedule.run_now', jsonb_build_object(
+        'scheduleId', s.id, 'functionName', s.function_name, 'runId', run.id, 'requestId', run.request_id));
+    PERFORM pg_notify('dispatch', json_build_object('marked', 1)::text);
+    RETURN run.id;
+END
+$$;
+
+
+--
+-- Name: FUNCTION run_now(schedule_id uuid); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.run_now(schedule_id uuid) IS 'Invoke a schedule''s function now, outside its slots: inserts a pending run of kind manual, due at the instant of the call, with its own request_id, and NOTIFYs the listeners (dispatched within a second). next_run_at does not move; a slot that comes due while the manual run is open waits for it (overlap skip) and is marked as soon as it ends. Under overlap buffer_one with a run open, it waits behind that run (refused if a run already waits there). Refused (55000) for a deleted, paused or disabled schedule, and while a run is open under overlap skip; P0002 for an unknown id. Audited as schedule.run_now with the actor (session_user). Returns the run id.';
+
+
+--
 -- Name: schema_version(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -3513,6 +3596,14 @@ GRANT ALL ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[], attem
 
 REVOKE ALL ON FUNCTION dispatch.resume(schedule_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.resume(schedule_id uuid) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION run_now(schedule_id uuid); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.run_now(schedule_id uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.run_now(schedule_id uuid) TO dispatch_admin;
 
 
 --

@@ -267,8 +267,9 @@ def test_upgrade_from_the_previous_release_matches_a_fresh_install_and_keeps_the
                                                           "running", "skipped", "skipped"]
 
     upgraded = psql(empty_db, "-f", str(ROOT / "sql" / "install.sql"))
-    assert upgraded.stdout.splitlines()[:2] == ["applied migration 0011_invariants",
-                                                "applied migration 0012_run_policies"]
+    assert upgraded.stdout.splitlines()[:3] == ["applied migration 0011_invariants",
+                                                "applied migration 0012_run_policies",
+                                                "applied migration 0013_run_kinds"]
     assert schema_dump(empty_db) == schema_dump(db.info.dbname)
     assert [_rows(empty_db, q) for q in (runs_query, audit_query, definitions_query)] == before
 

@@ -262,6 +262,23 @@ class DispatchWalk(RuleBasedStateMachine):
             deleted = "SELECT deleted_at IS NOT NULL FROM dispatch.schedules WHERE id = %s"
             assert one(self.sessions.clock, deleted, (sid,))
 
+    @precondition(lambda self: self.schedules and self.admin_may_write())
+    @rule(pick=st.integers(0, 99))
+    def admin_runs_now(self, pick: int) -> None:
+        self.step()
+        sid = self.pick(pick)
+        if sid == self.dba_holds:
+            return  # the DBA's open transaction holds it: the administrator would wait on the DBA
+        try:
+            self.sessions.admin.execute("SELECT dispatch.run_now(%s)", (sid,))
+            DispatchWalk.seen_outcomes["run now"] += 1
+        except errors.ObjectNotInPrerequisiteState as refused:
+            reason = str(refused)  # busy (overlap skip, or buffer_one's buffer taken), or stopped
+            assert any(why in reason
+                       for why in ("overlap is skip", "waiting behind", "paused", "disabled", "deleted"))
+        except errors.InvalidParameterValue:
+            assert sid in self.gone_zone
+
     @precondition(lambda self: self.schedules)
     @rule(pick=st.integers(0, 99), column_value=st.sampled_from(
         ["next_run_at = NULL", "next_run_at = now()", "last_slot = NULL", "cron_spec = NULL",
@@ -308,9 +325,11 @@ class DispatchWalk(RuleBasedStateMachine):
         self.dba_open = self.dba_holds = None
 
     @precondition(lambda self: self.schedules and self.dba_open is None)
-    @rule(pick=st.integers(0, 99), gone=st.booleans(), of_a_claimed_run=st.booleans())
-    def tzdata_changes(self, pick: int, gone: bool, of_a_claimed_run: bool) -> None:
-        """A tz database upgrade drops the schedule's zone (or a downgrade brings it back)."""
+    @rule(pick=st.integers(0, 99), gone=st.booleans(), of_a_claimed_run=st.booleans(),
+          hours_later=st.integers(0, 2))
+    def tzdata_changes(self, pick: int, gone: bool, of_a_claimed_run: bool, hours_later: int) -> None:
+        """A tz database upgrade drops the schedule's zone (or a downgrade brings it back), and
+        often hours pass before anyone notices: the back-off instants come due."""
         self.step()
         # often a schedule with a run in flight: its completion must then back off
         sid = self.pick_claimed(pick) if of_a_claimed_run else self.pick(pick)
@@ -320,6 +339,8 @@ class DispatchWalk(RuleBasedStateMachine):
                       ("Gone/Away" if gone else "UTC", sid))
         clock.execute("RESET session_replication_role")
         (self.gone_zone.add if gone else self.gone_zone.discard)(sid)
+        for _ in range(hours_later):
+            self.an_hour_passes()
 
     # -- what no step may break -----------------------------------------------------------------
 
@@ -331,7 +352,8 @@ class DispatchWalk(RuleBasedStateMachine):
             SELECT s.id FROM dispatch.schedules s
             WHERE (s.next_run_at IS NOT NULL) <> (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
                OR EXISTS (SELECT 1 FROM dispatch.runs r
-                          WHERE r.schedule_id = s.id AND r.status IN ('ok', 'error', 'skipped', 'lost')
+                          WHERE r.schedule_id = s.id AND r.kind = 'scheduled'
+                            AND r.status IN ('ok', 'error', 'skipped', 'lost')
                             AND r.scheduled_for >= s.next_run_at)""").fetchall() == []
         # 1. a slot is one run; at most one open run per schedule under overlap skip, one and one
         # waiting behind it under buffer_one
@@ -366,7 +388,7 @@ class DispatchWalk(RuleBasedStateMachine):
         # 6. a back-off instant (not on a minute) is recorded skipped, never attempted
         assert clock.execute("""
             SELECT id FROM dispatch.runs
-            WHERE scheduled_for <> date_trunc('minute', scheduled_for)
+            WHERE scheduled_for <> date_trunc('minute', scheduled_for) AND kind = 'scheduled'
               AND NOT (status = 'skipped' AND attempt = 0)""").fetchall() == []
 
 
@@ -412,7 +434,7 @@ def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
           f" reached: {dict(sorted(DispatchWalk.seen_outcomes.items()))}")
     assert DispatchWalk.steps >= EXAMPLES * STEPS_PER_EXAMPLE // 2
     reached = " ".join(DispatchWalk.seen_outcomes)
-    expected = ["busy", "fenced", "recorded", "retried", "retry claimed", "skipped: schedule",
+    expected = ["busy", "fenced", "recorded", "retried", "retry claimed", "run now", "skipped: schedule",
                 "skipped: cannot compute", "skipped: missed by", "lost: lease"]
     for outcome in expected:
         assert outcome in reached, f"the walks never reached {outcome!r}"

@@ -67,10 +67,13 @@ BEGIN
     WITH done AS (
         SELECT * FROM unnest(_advance_schedules.finished)
     ), latest AS MATERIALIZED (
-        -- per schedule, the latest slot of this batch: what last_* report, what next_run_at
-        -- must move past
+        -- per schedule, the latest run of this batch (what last_* report) and the latest of its
+        -- own slots (what next_run_at must move past; NULL when only manual or backfill runs
+        -- ended, which leave the slots alone)
         SELECT DISTINCT ON (d.schedule_id)
-               d.schedule_id, d.scheduled_for, d.status, d.error, coalesce(d.claimed_at, d.finished_at) AS ran_at
+               d.schedule_id, d.status, d.error, coalesce(d.claimed_at, d.finished_at) AS ran_at,
+               max(d.scheduled_for) FILTER (WHERE d.kind = 'scheduled') OVER (PARTITION BY d.schedule_id)
+                   AS scheduled_for
         FROM done d
         ORDER BY d.schedule_id, d.scheduled_for DESC
     ), sched AS MATERIALIZED (
@@ -83,7 +86,8 @@ BEGIN
                s.next_run_at <= greatest(s.last_slot, l.scheduled_for) AS behind,
                CASE WHEN s.catchup = 'all' THEN greatest(s.last_slot, l.scheduled_for)
                     ELSE greatest(s.last_slot, l.scheduled_for, clock) END AS after,
-               s.overlap = 'buffer_one' OR s.catchup = 'all' AS follow_up
+               s.overlap = 'buffer_one' OR s.catchup = 'all' OR (l.scheduled_for IS NULL AND s.next_run_at <= clock)
+                   AS follow_up
         FROM dispatch.schedules s
         JOIN latest l ON l.schedule_id = s.id
     ), slots AS MATERIALIZED (
@@ -142,10 +146,11 @@ BEGIN
 END
 $$;
 
--- Schedules whose run just ended, under overlap buffer_one or catchup all (their rows held by
--- the caller): the run buffered behind the one that ended may start; a schedule that catches
--- up gets its next missed slot marked now rather than at the next tick, a minute away. Returns
--- how many runs became claimable.
+-- Schedules whose run just ended, under overlap buffer_one or catchup all, or whose manual run
+-- ended while their own slot was due (their rows held by the caller): the run buffered behind
+-- the one that ended may start; a schedule that catches up, or whose slot waited behind the
+-- manual run, gets it marked now rather than at the next tick, a minute away. Returns how many
+-- runs became claimable.
 CREATE OR REPLACE FUNCTION dispatch._follow_up(schedule_ids uuid[])
 RETURNS integer
 LANGUAGE plpgsql
@@ -181,7 +186,10 @@ BEGIN
     SELECT count(*) INTO ready FROM released;
     FOR sid IN
         SELECT s.id FROM dispatch.schedules s
-        WHERE s.id = ANY (_follow_up.schedule_ids) AND s.catchup = 'all' AND s.next_run_at <= clock
+        WHERE s.id = ANY (_follow_up.schedule_ids) AND s.next_run_at <= clock
+          AND (s.catchup = 'all'
+               OR NOT EXISTS (SELECT 1 FROM dispatch.runs o
+                              WHERE o.schedule_id = s.id AND o.status IN ('pending', 'running')))
     LOOP
         ready := ready + dispatch._tick_schedule_guarded(sid, clock);
     END LOOP;

@@ -82,6 +82,7 @@ GRANT EXECUTE ON FUNCTION
     dispatch.next_due_at(),
     dispatch.next_due_after(timestamptz),
     dispatch.pause(uuid, text),
-    dispatch.resume(uuid)
+    dispatch.resume(uuid),
+    dispatch.run_now(uuid)
 TO dispatch_admin;
 GRANT EXECUTE ON PROCEDURE dispatch.prune(bigint, bigint) TO dispatch_admin;

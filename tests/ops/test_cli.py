@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -15,7 +17,8 @@ from .conftest import Result, run_cli
 COMMANDS = [
     [], ["install"], ["doctor"], ["listen"], ["demo"], ["demo-function"], ["schedules"], ["schedules", "add"],
     ["schedules", "list"], ["schedules", "show"], ["schedules", "enable"], ["schedules", "disable"],
-    ["schedules", "delete"], ["schedules", "update"], ["runs"], ["runs", "list"],
+    ["schedules", "delete"], ["schedules", "update"], ["schedules", "pause"], ["schedules", "resume"],
+    ["schedules", "run"], ["runs"], ["runs", "list"],
 ]
 
 
@@ -216,3 +219,44 @@ def test_schedules_add_and_update_take_the_run_policies(
     for line in ("max attempts:      5", "retry back-off:    0:00:30", "timeout:           0:02:00",
                  "misfire grace:     no limit", "catch-up:          latest", "overlap:           allow"):
         assert line in shown, shown
+
+
+def test_pause_resume_and_run_now(cli: Callable[..., Result], db: psycopg.Connection) -> None:
+    sid = _add(cli, "--function", "report", "--cron", "0 0 1 1 *")["schedule"]["id"]
+
+    paused = cli("schedules", "pause", sid, "--reason", "vendor API down")
+    assert paused.code == 0, paused.err
+    assert paused.out == f"schedule {sid} acme/report paused by postgres (vendor API down)\n"
+    shown = cli("schedules", "show", sid).out
+    assert "state:             paused" in shown and "pause reason:      vendor API down" in shown
+    refused = cli("schedules", "run", sid)
+    assert refused.code == 1
+    assert refused.err.startswith(f"pgdispatch schedules run: cannot run now: schedule {sid} is paused")
+    resumed = cli("schedules", "resume", sid, "--json")
+    assert (resumed.json["state"], resumed.json["paused_reason"]) == ("enabled", None)
+
+    started = cli("schedules", "run", sid)
+    run_id = db.execute("SELECT id FROM dispatch.runs WHERE kind = 'manual'").fetchone()[0]  # type: ignore[index]
+    assert started.out == f"run {run_id} of schedule {sid}: pending\n"
+    busy = cli("schedules", "run", sid)
+    assert busy.code == 1 and f"has run {run_id} open" in busy.err
+
+    [(first, attempt)] = db.execute("SELECT run_id, attempt FROM dispatch.claim_runs('w', 1)").fetchall()
+    db.execute("CALL dispatch.complete_run(%s, 'w', %s, 'ok', NULL, 200, 12)", (first, attempt))
+
+    # --wait: the outcome, whoever records it, and exit 1 unless ok
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(cli, "schedules", "run", sid, "--wait", "--json")
+        claimed = []
+        deadline = time.monotonic() + 10
+        while not claimed and time.monotonic() < deadline:
+            claimed = db.execute("SELECT run_id, attempt FROM dispatch.claim_runs('w', 1)").fetchall()
+        [(second, attempt)] = claimed
+        db.execute("CALL dispatch.complete_run(%s, 'w', %s, 'error', 'HTTP 400', 400, 12)", (second, attempt))
+        outcome = waiting.result()
+    assert outcome.code == 1
+    assert (outcome.json["id"], outcome.json["status"], outcome.json["http_status"]) == (second, "error", 400)
+    actions = [a for (a,) in db.execute("SELECT action FROM dispatch.audit_log"
+                                        " WHERE action NOT LIKE 'schedule.run.%' ORDER BY id")]
+    assert actions == ["schedule.create", "schedule.pause", "schedule.resume", "schedule.run_now",
+                       "schedule.run_now"]

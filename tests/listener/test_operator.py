@@ -1,0 +1,41 @@
+"""dispatch.run_now end to end: a real listener and a loopback function (DESIGN.md, "Operator
+functions": dispatched within a second, its own request id, kind manual)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+
+from .kit import YEARLY, Running, Sink, scalar, until
+
+StartListener = Callable[..., Awaitable[Running]]
+
+
+async def test_run_now_reaches_the_function_within_a_second(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener
+) -> None:
+    sid = db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
+                     " VALUES ('acme', 'fn', %s) RETURNING id", (YEARLY,)).fetchone()[0]  # type: ignore[index]
+    await start_listener()
+    slot = db.execute("SELECT next_run_at FROM dispatch.schedules").fetchone()
+
+    called_at = time.time()
+    run_id = db.execute("SELECT dispatch.run_now(%s)", (sid,)).fetchone()[0]  # type: ignore[index]
+    await until(lambda: sink.calls, within=5, what="the function was called")
+    took = sink.calls[0].arrived_wall - called_at
+    print(f"run_now -> the function: {took * 1000:.0f} ms")
+    assert took < 1.0
+
+    await until(lambda: _finished(adb, run_id), within=5, what="the run recorded ok")
+    request_id, kind = db.execute("SELECT request_id, kind FROM dispatch.runs WHERE id = %s",
+                                  (run_id,)).fetchone()  # type: ignore[misc]
+    assert kind == "manual"
+    assert [c.headers["X-Request-Id"] for c in sink.calls] == [request_id]
+    assert db.execute("SELECT next_run_at FROM dispatch.schedules").fetchone() == slot
+
+
+async def _finished(adb: psycopg.AsyncConnection[Any], run_id: int) -> bool:
+    return bool(await scalar(adb, "SELECT status = 'ok' FROM dispatch.runs WHERE id = %s", (run_id,)))
