@@ -387,6 +387,29 @@ def _run_now(args: argparse.Namespace) -> int:
     return 0 if run["status"] == "ok" else 1
 
 
+def _backfill(args: argparse.Namespace) -> int:
+    schedule_id = _schedule_id(args.id)
+    with connect(args) as conn:
+        _load(conn, schedule_id)
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        try:
+            row = conn.execute("SELECT dispatch.backfill(%s, %s::timestamptz, %s::timestamptz) AS marked,"
+                               " %s::timestamptz AS from_ts, %s::timestamptz AS to_ts",
+                               (schedule_id, args.from_ts, args.to_ts, args.from_ts, args.to_ts)).fetchone()
+        except psycopg.Error as exc:
+            raise _database_error(exc) from None
+    assert row is not None
+    if args.json:
+        print_json({"schedule_id": schedule_id, **row, "notices": notices})
+    else:
+        print(f"schedule {schedule_id}: {row['marked']} slots from {format_value(row['from_ts'])}"
+              f" to {format_value(row['to_ts'])} marked for backfill; they run one at a time, oldest first")
+        for notice in notices:
+            print(notice)
+    return 0
+
+
 def _run_row(conn: psycopg.Connection[dict[str, Any]], run_id: int) -> dict[str, Any]:
     row = conn.execute("SELECT id, schedule_id, kind, status, attempt, request_id, scheduled_for,"
                        " finished_at, http_status, duration_ms, error FROM dispatch.runs WHERE id = %s",
@@ -422,7 +445,8 @@ def _positive(text: str) -> int:
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `schedules` and `runs` with the top-level parser."""
     schedules = commands.add_parser(
-        "schedules", help="add, update, list, show, pause, resume, run, enable, disable or delete schedules",
+        "schedules", help="add, update, list, show, pause, resume, run, backfill, enable, disable or delete "
+                                       "schedules",
         description="Manage rows of dispatch.schedules. Writes go through the same trigger as SQL "
                     "(validation, audit row, NOTIFY); a dispatch_admin role may run them.")
     actions = schedules.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -495,6 +519,18 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                      help="give up waiting after this long (default 300)")
     add_connection_arguments(run)
     run.set_defaults(handler=_run_now)
+
+    backfill = actions.add_parser("backfill", help="run past slots in a range (dispatch.backfill)",
+                                  description="Mark each slot of the schedule in [--from, --to) that has no "
+                                              "run yet; they run one at a time, oldest first, its own slots "
+                                              "going first. At most 10,000 a call.")
+    backfill.add_argument("id", help="schedule id")
+    backfill.add_argument("--from", dest="from_ts", required=True, metavar="TIMESTAMP",
+                          help="first instant, e.g. 2026-11-30T00:00Z (included)")
+    backfill.add_argument("--to", dest="to_ts", required=True, metavar="TIMESTAMP",
+                          help="last instant (excluded); never past now or the schedule's next slot")
+    add_connection_arguments(backfill)
+    backfill.set_defaults(handler=_backfill)
 
     runs = commands.add_parser("runs", help="recent runs",
                                description="Runs from dispatch.runs, newest first.")

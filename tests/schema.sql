@@ -205,7 +205,9 @@ BEGIN
                CASE WHEN s.catchup = 'all' THEN greatest(s.last_slot, l.scheduled_for)
                     ELSE greatest(s.last_slot, l.scheduled_for, clock) END AS after,
                s.overlap = 'buffer_one' OR s.catchup = 'all' OR (l.scheduled_for IS NULL AND s.next_run_at <= clock)
-                   AS follow_up
+               OR EXISTS (SELECT 1 FROM dispatch.runs w
+                          WHERE w.schedule_id = s.id AND w.status = 'pending' AND w.not_before = 'infinity'
+                            AND w.kind = 'backfill') AS follow_up
         FROM dispatch.schedules s
         JOIN latest l ON l.schedule_id = s.id
     ), slots AS MATERIALIZED (
@@ -944,6 +946,7 @@ BEGIN
         UPDATE dispatch.runs r
         SET not_before = NULL
         WHERE r.schedule_id = ANY (_follow_up.schedule_ids) AND r.status = 'pending' AND r.not_before = 'infinity'
+          AND r.kind <> 'backfill'
           AND NOT EXISTS (SELECT 1 FROM dispatch.runs o
                           WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
                             AND o.id <> r.id AND o.not_before IS DISTINCT FROM 'infinity')
@@ -965,10 +968,27 @@ BEGIN
         WHERE s.id = ANY (_follow_up.schedule_ids) AND s.next_run_at <= clock
           AND (s.catchup = 'all'
                OR NOT EXISTS (SELECT 1 FROM dispatch.runs o
-                              WHERE o.schedule_id = s.id AND o.status IN ('pending', 'running')))
+                              WHERE o.schedule_id = s.id AND o.status IN ('pending', 'running')
+                                AND NOT (o.kind = 'backfill' AND o.not_before IS NOT DISTINCT FROM 'infinity')))
     LOOP
         ready := ready + dispatch._tick_schedule_guarded(sid, clock);
     END LOOP;
+    -- Then the oldest backfill run waiting its turn, when nothing of the schedule is open: its
+    -- own slots go first, so a backfill delays them by one run at most.
+    WITH nominee AS (
+        SELECT DISTINCT ON (r.schedule_id) r.id
+        FROM dispatch.runs r
+        WHERE r.schedule_id = ANY (_follow_up.schedule_ids) AND r.status = 'pending'
+          AND r.not_before = 'infinity' AND r.kind = 'backfill'
+          AND NOT EXISTS (SELECT 1 FROM dispatch.runs o
+                          WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
+                            AND o.not_before IS DISTINCT FROM 'infinity')
+        ORDER BY r.schedule_id, r.scheduled_for
+    ), released AS (
+        UPDATE dispatch.runs r SET not_before = NULL FROM nominee n WHERE r.id = n.id
+        RETURNING 1
+    )
+    SELECT ready + count(*) INTO ready FROM released;
     IF ready > 0 THEN
         PERFORM pg_notify('dispatch', json_build_object('marked', ready)::text);
     END IF;
@@ -984,7 +1004,8 @@ $$;
 CREATE FUNCTION dispatch._missed(r dispatch.runs, s dispatch.schedules) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-    SELECT r.attempt OPERATOR(pg_catalog.=) 0 AND s.misfire_grace IS NOT NULL
+    SELECT r.attempt OPERATOR(pg_catalog.=) 0 AND r.kind OPERATOR(pg_catalog.=) 'scheduled'
+       AND s.misfire_grace IS NOT NULL
        AND (pg_catalog.now() OPERATOR(pg_catalog.-) r.scheduled_for) OPERATOR(pg_catalog.>) s.misfire_grace
 $$;
 
@@ -1324,7 +1345,7 @@ DECLARE
 BEGIN
     IF NEW.overlap = 'allow' THEN
         UPDATE dispatch.runs SET not_before = NULL
-        WHERE schedule_id = NEW.id AND status = 'pending' AND not_before = 'infinity';
+        WHERE schedule_id = NEW.id AND status = 'pending' AND not_before = 'infinity' AND kind <> 'backfill';
         IF FOUND THEN
             PERFORM pg_notify('dispatch', 'released');
         END IF;
@@ -1334,6 +1355,7 @@ BEGIN
             SET status = 'skipped', finished_at = now(), not_before = NULL,
                 error = format('overlap changed to %s while the run waited behind the one before', NEW.overlap)
             WHERE r.schedule_id = NEW.id AND r.status = 'pending' AND r.not_before = 'infinity'
+              AND r.kind <> 'backfill'
             RETURNING r
         )
         SELECT array_agg(k.r) INTO ended FROM k;
@@ -1445,7 +1467,10 @@ BEGIN
         RETURN 0;
     END IF;
     SELECT * INTO slot_run FROM dispatch.runs r WHERE r.schedule_id = s.id AND r.scheduled_for = s.next_run_at;
-    SELECT count(*) INTO open_runs FROM dispatch.runs r WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running');
+    -- backfill runs waiting their turn do not hold the schedule's own slots
+    SELECT count(*) INTO open_runs FROM dispatch.runs r
+    WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
+      AND NOT (r.kind = 'backfill' AND r.not_before IS NOT DISTINCT FROM 'infinity');
 
     -- A slot already finished (a completion that found the schedule locked, a write that put
     -- it back): move past it.
@@ -1471,7 +1496,8 @@ BEGIN
     IF s.overlap <> 'allow' AND (slot_run.id IS NOT NULL OR open_runs > 0) THEN
         IF s.overlap = 'buffer_one'
            AND NOT EXISTS (SELECT 1 FROM dispatch.runs r
-                           WHERE r.schedule_id = s.id AND r.status = 'pending' AND r.not_before = 'infinity') THEN
+                           WHERE r.schedule_id = s.id AND r.status = 'pending' AND r.not_before = 'infinity'
+                             AND r.kind <> 'backfill') THEN
             target := CASE WHEN slot_run.id IS NULL THEN s.next_run_at
                            ELSE dispatch.cron_spec_next(s.cron_spec, s.next_run_at, s.timezone) END;
             IF target <= horizon THEN
@@ -1586,6 +1612,62 @@ $$;
 
 
 --
+-- Name: backfill(uuid, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    s dispatch.schedules := dispatch._operable_schedule(backfill.schedule_id, 'backfill');
+    upto timestamptz;
+    slots timestamptz[];
+    marked integer;
+BEGIN
+    IF from_ts IS NULL OR to_ts IS NULL OR from_ts >= to_ts THEN
+        RAISE EXCEPTION 'cannot backfill: from_ts (%) must be before to_ts (%)', from_ts, to_ts
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF s.paused_at IS NOT NULL OR NOT s.enabled THEN
+        RAISE EXCEPTION 'cannot backfill: schedule % is %', s.id,
+                        CASE WHEN s.paused_at IS NOT NULL THEN 'paused' ELSE 'disabled' END
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Its runs would end skipped at the claim; resume or enable it first.';
+    END IF;
+    -- The past only, and never the schedule's own slots: from next_run_at on they are its own.
+    upto := least(to_ts, s.next_run_at, clock_timestamp());
+    slots := ARRAY(SELECT dispatch._cron_slots(s.cron_spec, from_ts - interval '1 microsecond',
+                                               upto - interval '1 microsecond', s.timezone, 10000));
+    -- Each waits its turn (not_before infinity): dispatch._follow_up lets one go at a time,
+    -- oldest first, whenever nothing else of the schedule is open.
+    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, kind, not_before)
+    SELECT s.id, slot, 'backfill', 'infinity'
+    FROM unnest(slots) AS slot
+    WHERE NOT EXISTS (SELECT 1 FROM dispatch.runs x WHERE x.schedule_id = s.id AND x.scheduled_for = slot)
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    IF cardinality(slots) = 10000 THEN
+        RAISE NOTICE 'backfill stops at 10,000 slots a call: call it again from %', slots[10000];
+    END IF;
+    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+    VALUES (session_user, s.project_id, 'schedule.backfill', jsonb_build_object(
+        'scheduleId', s.id, 'functionName', s.function_name, 'from', from_ts, 'to', to_ts,
+        'slots', cardinality(slots), 'marked', marked));
+    PERFORM dispatch._follow_up(ARRAY[s.id]);
+    RETURN marked;
+END
+$$;
+
+
+--
+-- Name: FUNCTION backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone) IS 'Mark each slot of the schedule in [from_ts, to_ts) that has no run yet as a run of kind backfill (at most 10,000 a call, a NOTICE says where to go on), before the schedule''s next slot and now; returns how many. They are dispatched one at a time, oldest first, whenever nothing else of the schedule is open: its own slots go first and wait for one backfill run at most. Refused: 22023 when from_ts is not before to_ts, 55000 for a deleted, paused or disabled schedule, P0002 for an unknown id. Audited as schedule.backfill with the actor (session_user).';
+
+
+--
 -- Name: check_timezone(text); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -1647,7 +1729,8 @@ BEGIN
     INTO live_ids, late_ids, stale_ids
     FROM (SELECT r.id,
                  CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
-                      WHEN now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
+                      WHEN r.kind = 'scheduled'
+                           AND now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
                       ELSE 'live' END AS state
           FROM dispatch.runs r
           JOIN dispatch.schedules s ON s.id = r.schedule_id
@@ -1795,7 +1878,10 @@ BEGIN
         WITH candidate AS (
             SELECT x.id, x.attempt, i.error, i.http_status, i.duration_ms,
                    clock + dispatch._retry_delay(s, x.attempt, i.retry_after_ms) AS at,
-                   dispatch._next_slot(s.cron_spec, x.scheduled_for, s.timezone) AS next_slot
+                   -- a backfill slot is old by definition: only a scheduled run's retry races
+                   -- the next slot
+                   CASE WHEN x.kind = 'scheduled'
+                        THEN dispatch._next_slot(s.cron_spec, x.scheduled_for, s.timezone) END AS next_slot
             FROM dispatch.runs x
             JOIN dispatch.schedules s ON s.id = x.schedule_id
             JOIN unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
@@ -2458,6 +2544,7 @@ BEGIN
     END IF;
     SELECT * INTO open_run FROM dispatch.runs r
     WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
+      AND NOT (r.kind = 'backfill' AND r.not_before IS NOT DISTINCT FROM 'infinity')
     ORDER BY r.id LIMIT 1;
     IF s.overlap = 'skip' AND open_run.id IS NOT NULL THEN
         RAISE EXCEPTION 'cannot run now: schedule % has run % open (%, slot %) and its overlap is skip',
@@ -2469,7 +2556,8 @@ BEGIN
     -- place of the slot that would have.
     IF s.overlap = 'buffer_one' AND open_run.id IS NOT NULL
        AND EXISTS (SELECT 1 FROM dispatch.runs r
-                   WHERE r.schedule_id = s.id AND r.status = 'pending' AND r.not_before = 'infinity') THEN
+                   WHERE r.schedule_id = s.id AND r.status = 'pending' AND r.not_before = 'infinity'
+                     AND r.kind <> 'backfill') THEN
         RAISE EXCEPTION 'cannot run now: schedule % has run % open and a run waiting behind it (overlap buffer_one)',
                         s.id, open_run.id
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -2558,7 +2646,8 @@ BEGIN
             FROM dispatch.schedules s
             LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
             CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
-                                WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')) o
+                                WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
+                                  AND NOT (x.kind = 'backfill' AND x.not_before IS NOT DISTINCT FROM 'infinity')) o
             WHERE s.next_run_at <= horizon
               AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
             FOR NO KEY UPDATE OF s SKIP LOCKED
@@ -3457,6 +3546,14 @@ REVOKE ALL ON FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi t
 GRANT ALL ON FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi timestamp with time zone, tz text) TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi timestamp with time zone, tz text) TO dispatch_reader;
 GRANT ALL ON FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi timestamp with time zone, tz text) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone) TO dispatch_admin;
 
 
 --

@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -121,3 +122,80 @@ def test_run_now_is_for_administrators(db: psycopg.Connection) -> None:
         finally:
             conn.close()
             db.execute(f"DROP ROLE pgdispatch_op_{role}")
+
+
+# -- backfill ---------------------------------------------------------------------------------
+
+def backfill(db: psycopg.Connection, sid: str, start: Any, end: Any) -> int:
+    return int(scalar(db, "SELECT dispatch.backfill(%s, %s, %s)", (sid, start, end)))
+
+
+def claimed_slots(db: psycopg.Connection) -> list[tuple[str, Any]]:
+    """Claim whatever is claimable and complete it ok; (kind, slot) of each, in claim order."""
+    got = []
+    for run in claim(db, "w", 100):
+        got.append((scalar(db, "SELECT kind FROM dispatch.runs WHERE id = %s", (run[0],)), run[6]))
+        complete(db, run)
+    return got
+
+
+def test_backfill_runs_each_missing_slot_once_oldest_first_one_at_a_time(db: psycopg.Connection) -> None:
+    sid = add_schedule(db, "*/10 * * * *")
+    end = scalar(db, "SELECT date_bin('10 minutes', now() - interval '10 minutes', timestamptz '2000-01-01')")
+    start = end - timedelta(hours=3)
+    # one slot in the range already ran: it is not repeated
+    db.execute("INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, finished_at)"
+               " VALUES (%s, %s, 'ok', now())", (sid, start + timedelta(minutes=30)))
+
+    assert backfill(db, sid, start, end) == 17
+    expected = [start + timedelta(minutes=10 * k) for k in range(18) if k != 3]
+    order = []
+    while batch := claimed_slots(db):
+        assert len(batch) == 1  # one at a time, however many a listener asks for
+        order += [slot for _, slot in batch]
+    assert order == expected  # oldest first, each once
+    assert backfill(db, sid, start, end) == 0  # a second identical call marks nothing
+    [(metadata,)] = db.execute("SELECT metadata FROM dispatch.audit_log"
+                               " WHERE action = 'schedule.backfill' ORDER BY id LIMIT 1").fetchall()
+    assert (metadata["slots"], metadata["marked"]) == (18, 17)
+    # every backfill run finished with its audit row; the schedule's own slots did not move
+    assert scalar(db, "SELECT count(*) FROM dispatch.audit_log WHERE action = 'schedule.run.ok'") == 17
+    assert scalar(db, "SELECT next_run_at > now() AND last_slot IS NULL FROM dispatch.schedules")
+
+
+def test_the_schedules_own_slot_waits_for_one_backfill_run_at_most(db: psycopg.Connection) -> None:
+    sid = add_schedule(db, "* * * * *", misfire_grace="1 hour")
+    end = scalar(db, "SELECT date_trunc('minute', now()) - interval '10 minutes'")
+    assert backfill(db, sid, end - timedelta(minutes=5), end) == 5
+    [first] = claim(db, "w", 10)
+    make_due(db, "1 second")  # its own slot comes due while the first backfill run is out
+    db.execute("SELECT dispatch.tick()")
+    complete(db, first)
+    # the own slot goes next, before the four backfill runs left; then they resume
+    kinds = [kind for kind, _ in claimed_slots(db)]
+    assert kinds == ["scheduled"]
+    assert [kind for kind, _ in claimed_slots(db)] == ["backfill"]
+    # grace and the next-slot rule are for the schedule's own slots: backfill runs are old by
+    # definition, and retried like any run
+    [retried] = claim(db, "w", 10)
+    complete(db, retried, status="error", error="HTTP 503", retryable=True)
+    assert scalar(db, "SELECT status FROM dispatch.runs WHERE id = %s", (retried[0],)) == "pending"
+
+
+def test_backfill_refuses_what_it_cannot_do(db: psycopg.Connection) -> None:
+    now = scalar(db, "SELECT now()")
+    with pytest.raises(errors.NoDataFound, match=r"cannot backfill: schedule .* does not exist"):
+        backfill(db, str(uuid.uuid4()), now - timedelta(hours=1), now)
+    sid = add_schedule(db)
+    with pytest.raises(errors.InvalidParameterValue, match=r"from_ts \(.*\) must be before to_ts"):
+        backfill(db, sid, now, now - timedelta(hours=1))
+    db.execute("SELECT dispatch.pause(%s)", (sid,))
+    with pytest.raises(errors.ObjectNotInPrerequisiteState, match="is paused"):
+        backfill(db, sid, now - timedelta(hours=1), now)
+    db.execute("DELETE FROM dispatch.schedules WHERE id = %s", (sid,))
+    with pytest.raises(errors.ObjectNotInPrerequisiteState, match="was deleted"):
+        backfill(db, sid, now - timedelta(hours=1), now)
+    # the future is the schedule's own: nothing after now or its next slot
+    live = add_schedule(db)
+    assert backfill(db, live, now + timedelta(minutes=5), now + timedelta(hours=1)) == 0
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs") == 0

@@ -35,7 +35,7 @@ from psycopg import errors
 
 EXPRESSIONS = ["* * * * *", "*/2 * * * *", "*/5 * * * *", "0 * * * *", "30 9 * * *"]
 ZONES = ["UTC", "Europe/Berlin", "Asia/Kolkata"]
-EXAMPLES = int(os.environ.get("PGDISPATCH_STATEFUL_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("PGDISPATCH_STATEFUL_EXAMPLES", "400"))
 # The CI walk is always the same (derandomized); a long walk by hand explores new ones.
 FIXED_SEED = "PGDISPATCH_STATEFUL_EXAMPLES" not in os.environ
 STEPS_PER_EXAMPLE = 50
@@ -129,10 +129,11 @@ class DispatchWalk(RuleBasedStateMachine):
         now = one(s.clock, "SELECT clock_timestamp()")
         for run_id, schedule_id, attempt, lease_until in rows:
             if run_id in self.retry_at:
-                # a retry: not before its back-off, never after its schedule's next slot
+                # a retry: not before its back-off, never after its schedule's next slot (a slot
+                # of its own: manual and backfill runs are not held to that)
                 claimed_at, before_next_slot = s.clock.execute(
-                    "SELECT r.claimed_at,"
-                    " r.claimed_at < dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone)"
+                    "SELECT r.claimed_at, r.kind <> 'scheduled'"
+                    " OR r.claimed_at < dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone)"
                     " FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id WHERE r.id = %s",
                     (run_id,)).fetchone()  # type: ignore[misc]
                 assert claimed_at >= self.retry_at.pop(run_id)
@@ -193,6 +194,12 @@ class DispatchWalk(RuleBasedStateMachine):
             if not self.claims[i]:
                 break
             self.listener_completes(i, len(self.claims[i]) - 1, outcome)
+
+    @rule(i=st.integers(0, 1))
+    def listener_is_killed(self, i: int) -> None:
+        """kill -9: what it held is never completed nor released; its leases run out."""
+        self.step()
+        self.claims[i] = []
 
     @rule(i=st.integers(0, 1), pick=st.integers(0, 99))
     def listener_releases(self, i: int, pick: int) -> None:
@@ -279,6 +286,23 @@ class DispatchWalk(RuleBasedStateMachine):
         except errors.InvalidParameterValue:
             assert sid in self.gone_zone
 
+    @precondition(lambda self: self.schedules and self.admin_may_write())
+    @rule(pick=st.integers(0, 99), hours=st.integers(1, 3))
+    def admin_backfills(self, pick: int, hours: int) -> None:
+        self.step()
+        sid = self.pick(pick)
+        if sid == self.dba_holds:
+            return  # the DBA's open transaction holds it: the administrator would wait on the DBA
+        try:
+            marked = one(self.sessions.admin,
+                         "SELECT dispatch.backfill(%s, now() - %s * interval '1 hour', now())", (sid, hours))
+            DispatchWalk.seen_outcomes["backfill" if marked else "backfill of nothing"] += 1
+        except errors.ObjectNotInPrerequisiteState as refused:
+            reason = str(refused)
+            assert any(why in reason for why in ("paused", "disabled", "deleted"))
+        except errors.InvalidParameterValue:
+            assert sid in self.gone_zone
+
     @precondition(lambda self: self.schedules)
     @rule(pick=st.integers(0, 99), column_value=st.sampled_from(
         ["next_run_at = NULL", "next_run_at = now()", "last_slot = NULL", "cron_spec = NULL",
@@ -356,16 +380,21 @@ class DispatchWalk(RuleBasedStateMachine):
                             AND r.status IN ('ok', 'error', 'skipped', 'lost')
                             AND r.scheduled_for >= s.next_run_at)""").fetchall() == []
         # 1. a slot is one run; at most one open run per schedule under overlap skip, one and one
-        # waiting behind it under buffer_one
+        # waiting behind it under buffer_one; backfill runs waiting their turn aside, of which
+        # one at most is let go at a time
         assert clock.execute("""
             SELECT r.schedule_id FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id
             GROUP BY r.schedule_id, s.overlap
             HAVING count(*) <> count(DISTINCT r.scheduled_for)
-                OR (s.overlap = 'skip' AND count(*) FILTER (WHERE r.status IN ('pending', 'running')) > 1)
+                OR (s.overlap = 'skip'
+                    AND count(*) FILTER (WHERE r.status IN ('pending', 'running')
+                                           AND r.not_before IS DISTINCT FROM 'infinity') > 1)
                 OR (s.overlap = 'buffer_one'
                     AND (count(*) FILTER (WHERE r.status IN ('pending', 'running')
                                             AND r.not_before IS DISTINCT FROM 'infinity') > 1
-                         OR count(*) FILTER (WHERE r.not_before = 'infinity') > 1))""").fetchall() == []
+                         OR count(*) FILTER (WHERE r.not_before = 'infinity' AND r.kind <> 'backfill') > 1))
+                OR count(*) FILTER (WHERE r.kind = 'backfill' AND r.status IN ('pending', 'running')
+                                      AND r.not_before IS DISTINCT FROM 'infinity') > 1""").fetchall() == []
         # 4. every finished run has exactly one audit row, an open one none; no run disappears
         assert clock.execute("""
             SELECT r.id FROM dispatch.runs r
@@ -434,7 +463,7 @@ def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
           f" reached: {dict(sorted(DispatchWalk.seen_outcomes.items()))}")
     assert DispatchWalk.steps >= EXAMPLES * STEPS_PER_EXAMPLE // 2
     reached = " ".join(DispatchWalk.seen_outcomes)
-    expected = ["busy", "fenced", "recorded", "retried", "retry claimed", "run now", "skipped: schedule",
-                "skipped: cannot compute", "skipped: missed by", "lost: lease"]
+    expected = ["backfill", "busy", "fenced", "recorded", "retried", "retry claimed", "run now",
+                "skipped: schedule", "skipped: cannot compute", "skipped: missed by", "lost: lease"]
     for outcome in expected:
         assert outcome in reached, f"the walks never reached {outcome!r}"

@@ -185,7 +185,7 @@ DECLARE
 BEGIN
     IF NEW.overlap = 'allow' THEN
         UPDATE dispatch.runs SET not_before = NULL
-        WHERE schedule_id = NEW.id AND status = 'pending' AND not_before = 'infinity';
+        WHERE schedule_id = NEW.id AND status = 'pending' AND not_before = 'infinity' AND kind <> 'backfill';
         IF FOUND THEN
             PERFORM pg_notify('dispatch', 'released');
         END IF;
@@ -195,6 +195,7 @@ BEGIN
             SET status = 'skipped', finished_at = now(), not_before = NULL,
                 error = format('overlap changed to %s while the run waited behind the one before', NEW.overlap)
             WHERE r.schedule_id = NEW.id AND r.status = 'pending' AND r.not_before = 'infinity'
+              AND r.kind <> 'backfill'
             RETURNING r
         )
         SELECT array_agg(k.r) INTO ended FROM k;

@@ -87,7 +87,9 @@ BEGIN
                CASE WHEN s.catchup = 'all' THEN greatest(s.last_slot, l.scheduled_for)
                     ELSE greatest(s.last_slot, l.scheduled_for, clock) END AS after,
                s.overlap = 'buffer_one' OR s.catchup = 'all' OR (l.scheduled_for IS NULL AND s.next_run_at <= clock)
-                   AS follow_up
+               OR EXISTS (SELECT 1 FROM dispatch.runs w
+                          WHERE w.schedule_id = s.id AND w.status = 'pending' AND w.not_before = 'infinity'
+                            AND w.kind = 'backfill') AS follow_up
         FROM dispatch.schedules s
         JOIN latest l ON l.schedule_id = s.id
     ), slots AS MATERIALIZED (
@@ -146,11 +148,11 @@ BEGIN
 END
 $$;
 
--- Schedules whose run just ended, under overlap buffer_one or catchup all, or whose manual run
--- ended while their own slot was due (their rows held by the caller): the run buffered behind
--- the one that ended may start; a schedule that catches up, or whose slot waited behind the
--- manual run, gets it marked now rather than at the next tick, a minute away. Returns how many
--- runs became claimable.
+-- Schedules whose run just ended, under overlap buffer_one or catchup all, with backfill runs
+-- waiting, or whose manual run ended while their own slot was due (their rows held by the
+-- caller): the run buffered behind the one that ended may start; a schedule that catches up, or
+-- whose slot waited, gets it marked now rather than at the next tick, a minute away; then the
+-- next backfill run. Returns how many runs became claimable.
 CREATE OR REPLACE FUNCTION dispatch._follow_up(schedule_ids uuid[])
 RETURNS integer
 LANGUAGE plpgsql
@@ -168,6 +170,7 @@ BEGIN
         UPDATE dispatch.runs r
         SET not_before = NULL
         WHERE r.schedule_id = ANY (_follow_up.schedule_ids) AND r.status = 'pending' AND r.not_before = 'infinity'
+          AND r.kind <> 'backfill'
           AND NOT EXISTS (SELECT 1 FROM dispatch.runs o
                           WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
                             AND o.id <> r.id AND o.not_before IS DISTINCT FROM 'infinity')
@@ -189,10 +192,27 @@ BEGIN
         WHERE s.id = ANY (_follow_up.schedule_ids) AND s.next_run_at <= clock
           AND (s.catchup = 'all'
                OR NOT EXISTS (SELECT 1 FROM dispatch.runs o
-                              WHERE o.schedule_id = s.id AND o.status IN ('pending', 'running')))
+                              WHERE o.schedule_id = s.id AND o.status IN ('pending', 'running')
+                                AND NOT (o.kind = 'backfill' AND o.not_before IS NOT DISTINCT FROM 'infinity')))
     LOOP
         ready := ready + dispatch._tick_schedule_guarded(sid, clock);
     END LOOP;
+    -- Then the oldest backfill run waiting its turn, when nothing of the schedule is open: its
+    -- own slots go first, so a backfill delays them by one run at most.
+    WITH nominee AS (
+        SELECT DISTINCT ON (r.schedule_id) r.id
+        FROM dispatch.runs r
+        WHERE r.schedule_id = ANY (_follow_up.schedule_ids) AND r.status = 'pending'
+          AND r.not_before = 'infinity' AND r.kind = 'backfill'
+          AND NOT EXISTS (SELECT 1 FROM dispatch.runs o
+                          WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
+                            AND o.not_before IS DISTINCT FROM 'infinity')
+        ORDER BY r.schedule_id, r.scheduled_for
+    ), released AS (
+        UPDATE dispatch.runs r SET not_before = NULL FROM nominee n WHERE r.id = n.id
+        RETURNING 1
+    )
+    SELECT ready + count(*) INTO ready FROM released;
     IF ready > 0 THEN
         PERFORM pg_notify('dispatch', json_build_object('marked', ready)::text);
     END IF;
@@ -227,8 +247,9 @@ BEGIN
 END
 $$;
 
--- A first attempt that can no longer start within its schedule's misfire_grace. Retries and
--- attempts after a lost lease are not held to it: the first attempt started in time.
+-- A first attempt of a slot that can no longer start within its schedule's misfire_grace.
+-- Retries and attempts after a lost lease are not held to it (the first attempt started in
+-- time), nor manual and backfill runs, which an operator asked for.
 -- No SET clause, unlike the others, so every operator is qualified: the planner inlines it into
 -- the claim's statement. A SET would make it a call per row, with both rows built as composite
 -- values for it (0.3 ms on claim_runs(100)).
@@ -236,7 +257,8 @@ CREATE OR REPLACE FUNCTION dispatch._missed(r dispatch.runs, s dispatch.schedule
 RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
-    SELECT r.attempt OPERATOR(pg_catalog.=) 0 AND s.misfire_grace IS NOT NULL
+    SELECT r.attempt OPERATOR(pg_catalog.=) 0 AND r.kind OPERATOR(pg_catalog.=) 'scheduled'
+       AND s.misfire_grace IS NOT NULL
        AND (pg_catalog.now() OPERATOR(pg_catalog.-) r.scheduled_for) OPERATOR(pg_catalog.>) s.misfire_grace
 $$;
 

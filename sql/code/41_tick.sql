@@ -162,7 +162,10 @@ BEGIN
         RETURN 0;
     END IF;
     SELECT * INTO slot_run FROM dispatch.runs r WHERE r.schedule_id = s.id AND r.scheduled_for = s.next_run_at;
-    SELECT count(*) INTO open_runs FROM dispatch.runs r WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running');
+    -- backfill runs waiting their turn do not hold the schedule's own slots
+    SELECT count(*) INTO open_runs FROM dispatch.runs r
+    WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
+      AND NOT (r.kind = 'backfill' AND r.not_before IS NOT DISTINCT FROM 'infinity');
 
     -- A slot already finished (a completion that found the schedule locked, a write that put
     -- it back): move past it.
@@ -188,7 +191,8 @@ BEGIN
     IF s.overlap <> 'allow' AND (slot_run.id IS NOT NULL OR open_runs > 0) THEN
         IF s.overlap = 'buffer_one'
            AND NOT EXISTS (SELECT 1 FROM dispatch.runs r
-                           WHERE r.schedule_id = s.id AND r.status = 'pending' AND r.not_before = 'infinity') THEN
+                           WHERE r.schedule_id = s.id AND r.status = 'pending' AND r.not_before = 'infinity'
+                             AND r.kind <> 'backfill') THEN
             target := CASE WHEN slot_run.id IS NULL THEN s.next_run_at
                            ELSE dispatch.cron_spec_next(s.cron_spec, s.next_run_at, s.timezone) END;
             IF target <= horizon THEN
@@ -305,7 +309,8 @@ BEGIN
             FROM dispatch.schedules s
             LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
             CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
-                                WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')) o
+                                WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
+                                  AND NOT (x.kind = 'backfill' AND x.not_before IS NOT DISTINCT FROM 'infinity')) o
             WHERE s.next_run_at <= horizon
               AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
             FOR NO KEY UPDATE OF s SKIP LOCKED

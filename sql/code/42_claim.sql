@@ -46,7 +46,8 @@ BEGIN
     INTO live_ids, late_ids, stale_ids
     FROM (SELECT r.id,
                  CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
-                      WHEN now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
+                      WHEN r.kind = 'scheduled'
+                           AND now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
                       ELSE 'live' END AS state
           FROM dispatch.runs r
           JOIN dispatch.schedules s ON s.id = r.schedule_id

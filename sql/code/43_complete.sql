@@ -111,7 +111,10 @@ BEGIN
         WITH candidate AS (
             SELECT x.id, x.attempt, i.error, i.http_status, i.duration_ms,
                    clock + dispatch._retry_delay(s, x.attempt, i.retry_after_ms) AS at,
-                   dispatch._next_slot(s.cron_spec, x.scheduled_for, s.timezone) AS next_slot
+                   -- a backfill slot is old by definition: only a scheduled run's retry races
+                   -- the next slot
+                   CASE WHEN x.kind = 'scheduled'
+                        THEN dispatch._next_slot(s.cron_spec, x.scheduled_for, s.timezone) END AS next_slot
             FROM dispatch.runs x
             JOIN dispatch.schedules s ON s.id = x.schedule_id
             JOIN unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,

@@ -95,6 +95,7 @@ BEGIN
     END IF;
     SELECT * INTO open_run FROM dispatch.runs r
     WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
+      AND NOT (r.kind = 'backfill' AND r.not_before IS NOT DISTINCT FROM 'infinity')
     ORDER BY r.id LIMIT 1;
     IF s.overlap = 'skip' AND open_run.id IS NOT NULL THEN
         RAISE EXCEPTION 'cannot run now: schedule % has run % open (%, slot %) and its overlap is skip',
@@ -106,7 +107,8 @@ BEGIN
     -- place of the slot that would have.
     IF s.overlap = 'buffer_one' AND open_run.id IS NOT NULL
        AND EXISTS (SELECT 1 FROM dispatch.runs r
-                   WHERE r.schedule_id = s.id AND r.status = 'pending' AND r.not_before = 'infinity') THEN
+                   WHERE r.schedule_id = s.id AND r.status = 'pending' AND r.not_before = 'infinity'
+                     AND r.kind <> 'backfill') THEN
         RAISE EXCEPTION 'cannot run now: schedule % has run % open and a run waiting behind it (overlap buffer_one)',
                         s.id, open_run.id
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -128,3 +130,51 @@ END
 $$;
 COMMENT ON FUNCTION dispatch.run_now(uuid) IS
     'Invoke a schedule''s function now, outside its slots: inserts a pending run of kind manual, due at the instant of the call, with its own request_id, and NOTIFYs the listeners (dispatched within a second). next_run_at does not move; a slot that comes due while the manual run is open waits for it (overlap skip) and is marked as soon as it ends. Under overlap buffer_one with a run open, it waits behind that run (refused if a run already waits there). Refused (55000) for a deleted, paused or disabled schedule, and while a run is open under overlap skip; P0002 for an unknown id. Audited as schedule.run_now with the actor (session_user). Returns the run id.';
+
+CREATE OR REPLACE FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamptz, to_ts timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    s dispatch.schedules := dispatch._operable_schedule(backfill.schedule_id, 'backfill');
+    upto timestamptz;
+    slots timestamptz[];
+    marked integer;
+BEGIN
+    IF from_ts IS NULL OR to_ts IS NULL OR from_ts >= to_ts THEN
+        RAISE EXCEPTION 'cannot backfill: from_ts (%) must be before to_ts (%)', from_ts, to_ts
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF s.paused_at IS NOT NULL OR NOT s.enabled THEN
+        RAISE EXCEPTION 'cannot backfill: schedule % is %', s.id,
+                        CASE WHEN s.paused_at IS NOT NULL THEN 'paused' ELSE 'disabled' END
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Its runs would end skipped at the claim; resume or enable it first.';
+    END IF;
+    -- The past only, and never the schedule's own slots: from next_run_at on they are its own.
+    upto := least(to_ts, s.next_run_at, clock_timestamp());
+    slots := ARRAY(SELECT dispatch._cron_slots(s.cron_spec, from_ts - interval '1 microsecond',
+                                               upto - interval '1 microsecond', s.timezone, 10000));
+    -- Each waits its turn (not_before infinity): dispatch._follow_up lets one go at a time,
+    -- oldest first, whenever nothing else of the schedule is open.
+    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, kind, not_before)
+    SELECT s.id, slot, 'backfill', 'infinity'
+    FROM unnest(slots) AS slot
+    WHERE NOT EXISTS (SELECT 1 FROM dispatch.runs x WHERE x.schedule_id = s.id AND x.scheduled_for = slot)
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    IF cardinality(slots) = 10000 THEN
+        RAISE NOTICE 'backfill stops at 10,000 slots a call: call it again from %', slots[10000];
+    END IF;
+    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+    VALUES (session_user, s.project_id, 'schedule.backfill', jsonb_build_object(
+        'scheduleId', s.id, 'functionName', s.function_name, 'from', from_ts, 'to', to_ts,
+        'slots', cardinality(slots), 'marked', marked));
+    PERFORM dispatch._follow_up(ARRAY[s.id]);
+    RETURN marked;
+END
+$$;
+COMMENT ON FUNCTION dispatch.backfill(uuid, timestamptz, timestamptz) IS
+    'Mark each slot of the schedule in [from_ts, to_ts) that has no run yet as a run of kind backfill (at most 10,000 a call, a NOTICE says where to go on), before the schedule''s next slot and now; returns how many. They are dispatched one at a time, oldest first, whenever nothing else of the schedule is open: its own slots go first and wait for one backfill run at most. Refused: 22023 when from_ts is not before to_ts, 55000 for a deleted, paused or disabled schedule, P0002 for an unknown id. Audited as schedule.backfill with the actor (session_user).';

@@ -83,6 +83,7 @@ GRANT EXECUTE ON FUNCTION
     dispatch.next_due_after(timestamptz),
     dispatch.pause(uuid, text),
     dispatch.resume(uuid),
-    dispatch.run_now(uuid)
+    dispatch.run_now(uuid),
+    dispatch.backfill(uuid, timestamptz, timestamptz)
 TO dispatch_admin;
 GRANT EXECUTE ON PROCEDURE dispatch.prune(bigint, bigint) TO dispatch_admin;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -39,3 +40,28 @@ async def test_run_now_reaches_the_function_within_a_second(
 
 async def _finished(adb: psycopg.AsyncConnection[Any], run_id: int) -> bool:
     return bool(await scalar(adb, "SELECT status = 'ok' FROM dispatch.runs WHERE id = %s", (run_id,)))
+
+
+async def test_backfill_invokes_each_slot_once_in_order(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener
+) -> None:
+    sid = db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
+                     " VALUES ('acme', 'fn', '*/10 * * * *') RETURNING id").fetchone()[0]  # type: ignore[index]
+    end = db.execute("SELECT date_bin('10 minutes', now() - interval '10 minutes', timestamptz '2000-01-01')"
+                     ).fetchone()[0]  # type: ignore[index]
+    start = end - timedelta(hours=3)
+    await start_listener()
+
+    assert db.execute("SELECT dispatch.backfill(%s, %s, %s)", (sid, start, end)).fetchone() == (18,)
+    await until(lambda: len(sink.calls) >= 18, within=30, what="18 backfill slots invoked")
+    done = "SELECT count(*) = 18 FROM dispatch.runs WHERE kind = 'backfill' AND status = 'ok'"
+    await until(lambda: scalar(adb, done), within=10, what="18 backfill runs recorded")
+    slots = [datetime.fromisoformat(c.json["invoker"]["scheduledFor"].replace("Z", "+00:00"))
+             for c in sink.calls]
+    assert slots == [start + timedelta(minutes=10 * k) for k in range(18)]  # each once, in order
+    assert len(set(sink.by_request_id())) == 18
+
+    assert db.execute("SELECT dispatch.backfill(%s, %s, %s)", (sid, start, end)).fetchone() == (0,)
+    # nothing marked, so nothing to invoke
+    assert db.execute("SELECT count(*) FROM dispatch.runs WHERE status IN ('pending', 'running')"
+                      ).fetchone() == (0,)

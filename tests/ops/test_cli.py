@@ -6,7 +6,7 @@ import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -18,7 +18,7 @@ COMMANDS = [
     [], ["install"], ["doctor"], ["listen"], ["demo"], ["demo-function"], ["schedules"], ["schedules", "add"],
     ["schedules", "list"], ["schedules", "show"], ["schedules", "enable"], ["schedules", "disable"],
     ["schedules", "delete"], ["schedules", "update"], ["schedules", "pause"], ["schedules", "resume"],
-    ["schedules", "run"], ["runs"], ["runs", "list"],
+    ["schedules", "run"], ["schedules", "backfill"], ["runs"], ["runs", "list"],
 ]
 
 
@@ -260,3 +260,21 @@ def test_pause_resume_and_run_now(cli: Callable[..., Result], db: psycopg.Connec
                                         " WHERE action NOT LIKE 'schedule.run.%' ORDER BY id")]
     assert actions == ["schedule.create", "schedule.pause", "schedule.resume", "schedule.run_now",
                        "schedule.run_now"]
+
+
+def test_backfill(cli: Callable[..., Result], db: psycopg.Connection) -> None:
+    sid = _add(cli, "--function", "hourly", "--cron", "0 * * * *")["schedule"]["id"]
+    end = db.execute("SELECT date_trunc('hour', now())").fetchone()[0]  # type: ignore[index]
+    start = end - timedelta(hours=3)
+    done = cli("schedules", "backfill", sid, "--from", start.isoformat(), "--to", end.isoformat())
+    assert done.code == 0, done.err
+    assert done.out.startswith(f"schedule {sid}: 3 slots from ")
+    assert [row for (row,) in db.execute("SELECT scheduled_for FROM dispatch.runs WHERE kind = 'backfill'"
+                                         " ORDER BY 1")] == [start + timedelta(hours=k) for k in range(3)]
+    again = cli("schedules", "backfill", sid, "--from", start.isoformat(), "--to", end.isoformat(), "--json")
+    assert again.json["marked"] == 0
+    reversed_range = cli("schedules", "backfill", sid, "--from", end.isoformat(), "--to", start.isoformat())
+    assert reversed_range.code == 1
+    assert "from_ts (" in reversed_range.err and "must be before to_ts" in reversed_range.err
+    garbage = cli("schedules", "backfill", sid, "--from", "yesterday-ish", "--to", end.isoformat())
+    assert garbage.code == 1 and "yesterday-ish" in garbage.err
