@@ -337,8 +337,7 @@ def _pause_or_resume(args: argparse.Namespace) -> int:
                 conn.execute("SELECT dispatch.resume(%s)", (schedule_id,))
         except psycopg.Error as exc:
             raise _database_error(exc) from None
-        schedule = conn.execute(_SCHEDULE + " WHERE s.id = %s", (schedule_id,)).fetchone()
-    assert schedule is not None
+        schedule = _load(conn, schedule_id)
     if args.json:
         print_json(schedule)
     elif args.action == "pause":

@@ -206,8 +206,8 @@ BEGIN
                     ELSE greatest(s.last_slot, l.scheduled_for, clock) END AS after,
                s.overlap = 'buffer_one' OR s.catchup = 'all' OR (l.scheduled_for IS NULL AND s.next_run_at <= clock)
                OR EXISTS (SELECT 1 FROM dispatch.runs w
-                          WHERE w.schedule_id = s.id AND w.status = 'pending' AND w.not_before = 'infinity'
-                            AND w.kind = 'backfill') AS follow_up
+                          WHERE w.schedule_id = s.id AND w.status = 'pending' AND dispatch._waits_its_turn(w))
+                   AS follow_up
         FROM dispatch.schedules s
         JOIN latest l ON l.schedule_id = s.id
     ), slots AS MATERIALIZED (
@@ -969,7 +969,7 @@ BEGIN
           AND (s.catchup = 'all'
                OR NOT EXISTS (SELECT 1 FROM dispatch.runs o
                               WHERE o.schedule_id = s.id AND o.status IN ('pending', 'running')
-                                AND NOT (o.kind = 'backfill' AND o.not_before IS NOT DISTINCT FROM 'infinity')))
+                                AND NOT dispatch._waits_its_turn(o)))
     LOOP
         ready := ready + dispatch._tick_schedule_guarded(sid, clock);
     END LOOP;
@@ -979,7 +979,7 @@ BEGIN
         SELECT DISTINCT ON (r.schedule_id) r.id
         FROM dispatch.runs r
         WHERE r.schedule_id = ANY (_follow_up.schedule_ids) AND r.status = 'pending'
-          AND r.not_before = 'infinity' AND r.kind = 'backfill'
+          AND dispatch._waits_its_turn(r)
           AND NOT EXISTS (SELECT 1 FROM dispatch.runs o
                           WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
                             AND o.not_before IS DISTINCT FROM 'infinity')
@@ -1470,7 +1470,7 @@ BEGIN
     -- backfill runs waiting their turn do not hold the schedule's own slots
     SELECT count(*) INTO open_runs FROM dispatch.runs r
     WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
-      AND NOT (r.kind = 'backfill' AND r.not_before IS NOT DISTINCT FROM 'infinity');
+      AND NOT dispatch._waits_its_turn(r);
 
     -- A slot already finished (a completion that found the schedule locked, a write that put
     -- it back): move past it.
@@ -1609,6 +1609,25 @@ BEGIN
     RETURN to_timestamp(b * 60);
 END
 $$;
+
+
+--
+-- Name: _waits_its_turn(dispatch.runs); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._waits_its_turn(r dispatch.runs) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT r.kind OPERATOR(pg_catalog.=) 'backfill' AND r.not_before IS NOT NULL
+       AND r.not_before OPERATOR(pg_catalog.=) CAST('infinity' AS pg_catalog.timestamptz)
+$$;
+
+
+--
+-- Name: FUNCTION _waits_its_turn(r dispatch.runs); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch._waits_its_turn(r dispatch.runs) IS 'Whether a run is a backfill run waiting its turn (not_before infinity): it holds nothing of its schedule.';
 
 
 --
@@ -2544,7 +2563,7 @@ BEGIN
     END IF;
     SELECT * INTO open_run FROM dispatch.runs r
     WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
-      AND NOT (r.kind = 'backfill' AND r.not_before IS NOT DISTINCT FROM 'infinity')
+      AND NOT dispatch._waits_its_turn(r)
     ORDER BY r.id LIMIT 1;
     IF s.overlap = 'skip' AND open_run.id IS NOT NULL THEN
         RAISE EXCEPTION 'cannot run now: schedule % has run % open (%, slot %) and its overlap is skip',
@@ -2647,7 +2666,7 @@ BEGIN
             LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
             CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
                                 WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
-                                  AND NOT (x.kind = 'backfill' AND x.not_before IS NOT DISTINCT FROM 'infinity')) o
+                                  AND NOT dispatch._waits_its_turn(x)) o
             WHERE s.next_run_at <= horizon
               AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
             FOR NO KEY UPDATE OF s SKIP LOCKED
@@ -3546,6 +3565,13 @@ REVOKE ALL ON FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi t
 GRANT ALL ON FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi timestamp with time zone, tz text) TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi timestamp with time zone, tz text) TO dispatch_reader;
 GRANT ALL ON FUNCTION dispatch._tz_transition(lo timestamp with time zone, hi timestamp with time zone, tz text) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _waits_its_turn(r dispatch.runs); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._waits_its_turn(r dispatch.runs) FROM PUBLIC;
 
 
 --

@@ -88,8 +88,8 @@ BEGIN
                     ELSE greatest(s.last_slot, l.scheduled_for, clock) END AS after,
                s.overlap = 'buffer_one' OR s.catchup = 'all' OR (l.scheduled_for IS NULL AND s.next_run_at <= clock)
                OR EXISTS (SELECT 1 FROM dispatch.runs w
-                          WHERE w.schedule_id = s.id AND w.status = 'pending' AND w.not_before = 'infinity'
-                            AND w.kind = 'backfill') AS follow_up
+                          WHERE w.schedule_id = s.id AND w.status = 'pending' AND dispatch._waits_its_turn(w))
+                   AS follow_up
         FROM dispatch.schedules s
         JOIN latest l ON l.schedule_id = s.id
     ), slots AS MATERIALIZED (
@@ -193,7 +193,7 @@ BEGIN
           AND (s.catchup = 'all'
                OR NOT EXISTS (SELECT 1 FROM dispatch.runs o
                               WHERE o.schedule_id = s.id AND o.status IN ('pending', 'running')
-                                AND NOT (o.kind = 'backfill' AND o.not_before IS NOT DISTINCT FROM 'infinity')))
+                                AND NOT dispatch._waits_its_turn(o)))
     LOOP
         ready := ready + dispatch._tick_schedule_guarded(sid, clock);
     END LOOP;
@@ -203,7 +203,7 @@ BEGIN
         SELECT DISTINCT ON (r.schedule_id) r.id
         FROM dispatch.runs r
         WHERE r.schedule_id = ANY (_follow_up.schedule_ids) AND r.status = 'pending'
-          AND r.not_before = 'infinity' AND r.kind = 'backfill'
+          AND dispatch._waits_its_turn(r)
           AND NOT EXISTS (SELECT 1 FROM dispatch.runs o
                           WHERE o.schedule_id = r.schedule_id AND o.status IN ('pending', 'running')
                             AND o.not_before IS DISTINCT FROM 'infinity')
@@ -246,6 +246,19 @@ BEGIN
     RETURN QUERY SELECT * FROM unnest(ids, advances);
 END
 $$;
+
+-- A backfill run waiting its turn (dispatch._follow_up lets one go at a time): it holds nothing,
+-- so every count of a schedule's open runs leaves it out. Never NULL (not_before is NULL once
+-- a run may go). No SET clause, so every operator is qualified: the planner inlines it.
+CREATE OR REPLACE FUNCTION dispatch._waits_its_turn(r dispatch.runs)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT r.kind OPERATOR(pg_catalog.=) 'backfill' AND r.not_before IS NOT NULL
+       AND r.not_before OPERATOR(pg_catalog.=) CAST('infinity' AS pg_catalog.timestamptz)
+$$;
+COMMENT ON FUNCTION dispatch._waits_its_turn(dispatch.runs) IS
+    'Whether a run is a backfill run waiting its turn (not_before infinity): it holds nothing of its schedule.';
 
 -- A first attempt of a slot that can no longer start within its schedule's misfire_grace.
 -- Retries and attempts after a lost lease are not held to it (the first attempt started in

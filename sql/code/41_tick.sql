@@ -165,7 +165,7 @@ BEGIN
     -- backfill runs waiting their turn do not hold the schedule's own slots
     SELECT count(*) INTO open_runs FROM dispatch.runs r
     WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
-      AND NOT (r.kind = 'backfill' AND r.not_before IS NOT DISTINCT FROM 'infinity');
+      AND NOT dispatch._waits_its_turn(r);
 
     -- A slot already finished (a completion that found the schedule locked, a write that put
     -- it back): move past it.
@@ -310,7 +310,7 @@ BEGIN
             LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
             CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
                                 WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
-                                  AND NOT (x.kind = 'backfill' AND x.not_before IS NOT DISTINCT FROM 'infinity')) o
+                                  AND NOT dispatch._waits_its_turn(x)) o
             WHERE s.next_run_at <= horizon
               AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
             FOR NO KEY UPDATE OF s SKIP LOCKED

@@ -95,7 +95,7 @@ BEGIN
     END IF;
     SELECT * INTO open_run FROM dispatch.runs r
     WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
-      AND NOT (r.kind = 'backfill' AND r.not_before IS NOT DISTINCT FROM 'infinity')
+      AND NOT dispatch._waits_its_turn(r)
     ORDER BY r.id LIMIT 1;
     IF s.overlap = 'skip' AND open_run.id IS NOT NULL THEN
         RAISE EXCEPTION 'cannot run now: schedule % has run % open (%, slot %) and its overlap is skip',
