@@ -91,6 +91,7 @@ def build_request(run: Run, *, url_template: str, secret: bytes | None, now: flo
             "scheduleId": run.schedule_id,
             "runId": run.run_id,
             "scheduledFor": _iso(run.scheduled_for),
+            "fireAt": _iso(run.fire_at or run.scheduled_for),
             "attempt": run.attempt,
         },
     }

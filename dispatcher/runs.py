@@ -19,11 +19,12 @@ class Run:
     function_name: str
     args: Any
     request_id: str
-    scheduled_for: datetime
+    scheduled_for: datetime  # the nominal slot
     attempt: int
     lease_until: datetime
     lease_deadline: float  # time.monotonic() at which the lease is gone for sure
     timeout_s: float | None = None  # the invocation timeout (claim_runs: the schedule's, else the listener's)
+    fire_at: datetime | None = None  # the slot plus the schedule's jitter offset (None: the slot)
 
     @classmethod
     def from_row(cls, row: dict[str, Any], *, lease_deadline: float, timeout_s: float) -> Run:
@@ -39,6 +40,7 @@ class Run:
             lease_until=row["lease_until"],
             lease_deadline=lease_deadline,
             timeout_s=timeout_s,
+            fire_at=row["fire_at"],
         )
 
 

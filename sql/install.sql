@@ -53,10 +53,14 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \set version 13
 \set name 0013_run_kinds
 \ir apply_migration.psql
+\set version 14
+\set name 0014_interval_schedules
+\ir apply_migration.psql
 \ir code/10_cron_engine.sql
 \ir code/15_schema_version.sql
 \ir code/20_timezones.sql
 \ir code/30_schedules.sql
+\ir code/35_runs.sql
 \ir code/40_finish.sql
 \ir code/41_tick.sql
 \ir code/42_claim.sql

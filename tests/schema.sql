@@ -44,7 +44,9 @@ CREATE TYPE dispatch.cron_spec AS (
 	last_day boolean,
 	days_star boolean,
 	weekdays_star boolean,
-	real_time boolean
+	real_time boolean,
+	every_us bigint,
+	anchor timestamp with time zone
 );
 
 
@@ -52,7 +54,7 @@ CREATE TYPE dispatch.cron_spec AS (
 -- Name: TYPE cron_spec; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON TYPE dispatch.cron_spec IS 'A parsed cron expression (dispatch.cron_parse). Stored on each schedule so that evaluation never re-parses.';
+COMMENT ON TYPE dispatch.cron_spec IS 'A schedule''s slot rule, derived by its write trigger: a parsed cron expression (dispatch.cron_parse), or an interval (every_us, anchor; the cron fields NULL). Stored on each schedule so that evaluation never re-parses.';
 
 
 SET default_tablespace = '';
@@ -81,9 +83,11 @@ CREATE TABLE dispatch.runs (
     not_before timestamp with time zone,
     earlier_attempts jsonb,
     kind text DEFAULT 'scheduled'::text NOT NULL,
+    fire_at timestamp with time zone,
     CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT runs_error_length_check CHECK ((length(error) <= 500)),
     CONSTRAINT runs_finished_at_check CHECK (((status = ANY (ARRAY['pending'::text, 'running'::text])) = (finished_at IS NULL))),
+    CONSTRAINT runs_fire_at_check CHECK (((fire_at IS NOT NULL) OR (status <> ALL (ARRAY['pending'::text, 'running'::text])))),
     CONSTRAINT runs_kind_check CHECK ((kind = ANY (ARRAY['scheduled'::text, 'manual'::text, 'backfill'::text]))),
     CONSTRAINT runs_not_before_check CHECK (((not_before IS NULL) OR (status = 'pending'::text))),
     CONSTRAINT runs_running_has_lease_check CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_until > claimed_at)))),
@@ -167,6 +171,13 @@ COMMENT ON COLUMN dispatch.runs.earlier_attempts IS 'The attempts before the las
 --
 
 COMMENT ON COLUMN dispatch.runs.kind IS 'scheduled: one of the schedule''s slots, marked by tick; manual: asked for by dispatch.run_now, due at the instant of the call; backfill: a past slot marked by dispatch.backfill.';
+
+
+--
+-- Name: COLUMN runs.fire_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.fire_at IS 'When the run is invoked: scheduled_for plus the schedule''s jitter offset (a run marked before its fire instant waits in not_before until then). NULL only on runs that finished before schema version 14.';
 
 
 --
@@ -278,7 +289,7 @@ CREATE TABLE dispatch.schedules (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
     project_id text NOT NULL,
     function_name text NOT NULL,
-    cron_expression text NOT NULL,
+    cron_expression text,
     timezone text DEFAULT 'UTC'::text NOT NULL,
     args jsonb DEFAULT '{}'::jsonb NOT NULL,
     enabled boolean DEFAULT true NOT NULL,
@@ -302,9 +313,15 @@ CREATE TABLE dispatch.schedules (
     misfire_grace interval,
     catchup text DEFAULT 'latest'::text NOT NULL,
     overlap text DEFAULT 'skip'::text NOT NULL,
+    every interval,
+    anchor timestamp with time zone,
+    jitter interval DEFAULT '00:00:00'::interval NOT NULL,
+    CONSTRAINT schedules_anchor_check CHECK (((anchor IS NULL) = (every IS NULL))),
     CONSTRAINT schedules_args_check CHECK ((jsonb_typeof(args) = 'object'::text)),
     CONSTRAINT schedules_backoff_check CHECK (((backoff_reason IS NULL) OR (next_run_at IS NOT NULL))),
     CONSTRAINT schedules_catchup_check CHECK (((catchup = ANY (ARRAY['latest'::text, 'all'::text])) AND ((catchup = 'latest'::text) OR (misfire_grace IS NOT NULL)))),
+    CONSTRAINT schedules_every_check CHECK (((every >= '00:00:01'::interval) AND (every <= '366 days'::interval) AND (EXTRACT(month FROM every) = (0)::numeric) AND (EXTRACT(year FROM every) = (0)::numeric))),
+    CONSTRAINT schedules_jitter_check CHECK (((jitter >= '00:00:00'::interval) AND (jitter <= '1 day'::interval) AND ((every IS NULL) OR (jitter <= every)))),
     CONSTRAINT schedules_last_status_check CHECK ((last_status = ANY (ARRAY['ok'::text, 'error'::text, 'skipped'::text, 'lost'::text]))),
     CONSTRAINT schedules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 10))),
     CONSTRAINT schedules_misfire_grace_check CHECK ((misfire_grace > '00:00:00'::interval)),
@@ -316,6 +333,7 @@ CREATE TABLE dispatch.schedules (
     CONSTRAINT schedules_project_id_check CHECK (((project_id ~ '^[^[:space:][:cntrl:]/]{1,200}$'::text) AND (project_id !~ '^[.]{1,2}$'::text))),
     CONSTRAINT schedules_retry_backoff_check CHECK (((retry_backoff > '00:00:00'::interval) AND (retry_backoff <= retry_backoff_max))),
     CONSTRAINT schedules_retry_backoff_max_check CHECK ((retry_backoff_max <= '1 day'::interval)),
+    CONSTRAINT schedules_slot_rule_check CHECK (((cron_expression IS NULL) <> (every IS NULL))),
     CONSTRAINT schedules_timeout_check CHECK (((timeout > '00:00:00'::interval) AND (timeout <= '01:00:00'::interval)))
 )
 WITH (fillfactor='80');
@@ -340,6 +358,13 @@ COMMENT ON COLUMN dispatch.schedules.project_id IS 'Tenant: 1-200 characters, no
 --
 
 COMMENT ON COLUMN dispatch.schedules.function_name IS 'Function to call: a letter or digit, then letters, digits, _ . - (at most 128); percent-encoded into the invoke URL.';
+
+
+--
+-- Name: COLUMN schedules.cron_expression; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.cron_expression IS 'The cron expression whose matching instants are the slots (NULL for an interval schedule: see every).';
 
 
 --
@@ -388,7 +413,7 @@ COMMENT ON COLUMN dispatch.schedules.max_attempts IS 'Invocation attempts of one
 -- Name: COLUMN schedules.cron_spec; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON COLUMN dispatch.schedules.cron_spec IS 'cron_expression parsed by the write trigger (dispatch.cron_parse).';
+COMMENT ON COLUMN dispatch.schedules.cron_spec IS 'The slot rule, derived by the write trigger: cron_expression parsed (dispatch.cron_parse), or every and anchor.';
 
 
 --
@@ -476,6 +501,27 @@ COMMENT ON COLUMN dispatch.schedules.overlap IS 'While a run is open: skip the s
 
 
 --
+-- Name: COLUMN schedules.every; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.every IS 'An interval schedule (instead of cron_expression): slots at anchor + k * every, at least 1 second apart, in real time (a day is 24 hours; DST does not apply, and timezone is not used).';
+
+
+--
+-- Name: COLUMN schedules.anchor; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.anchor IS 'The instant an interval schedule''s slots are counted from (default: created_at); NULL for a cron schedule.';
+
+
+--
+-- Name: COLUMN schedules.jitter; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.jitter IS 'Each slot fires at scheduled_for + an offset in [0, jitter), fixed by a hash of the schedule id and the slot (dispatch.jitter_offset): spreads schedules that share a slot. 0: on the slot.';
+
+
+--
 -- Name: _check_policies(dispatch.schedules); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -510,6 +556,12 @@ BEGIN
         hint := 'Say how far back missed slots are run, e.g. misfire_grace = ''6 hours'': after a long outage every slot would run otherwise.';
     ELSIF s.overlap IS NULL OR s.overlap NOT IN ('skip', 'buffer_one', 'allow') THEN
         problem := format('overlap must be skip, buffer_one or allow, not %s', coalesce(quote_literal(s.overlap), 'NULL'));
+    ELSIF s.jitter IS NULL OR s.jitter < interval '0' OR s.jitter > interval '1 day' THEN
+        problem := format('jitter must be between 0 and 1 day, not %s', coalesce(s.jitter::text, 'NULL'));
+        hint := 'Each slot fires at a fixed offset in [0, jitter) after it; 0 fires on the slot.';
+    ELSIF s.every IS NOT NULL AND s.jitter > s.every THEN
+        problem := format('jitter (%s) must not exceed every (%s)', s.jitter, s.every);
+        hint := 'A slot would fire after the next one is due.';
     END IF;
     IF hint IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
@@ -606,6 +658,10 @@ DECLARE
     t timestamptz;
     n timestamptz;
 BEGIN
+    IF spec.every_us IS NOT NULL THEN
+        t := dispatch._every_slot(spec, dispatch._every_index(spec, hi));
+        RETURN CASE WHEN t > lo THEN t END;
+    END IF;
     FOREACH w IN ARRAY windows LOOP
         t := dispatch.cron_spec_next(spec, greatest(lo, hi - w), tz);
         IF t <= hi THEN
@@ -821,8 +877,8 @@ BEGIN
                                           ELSE 'disabled' END,
                                      CASE WHEN r.attempt > 0 THEN 'retried (an earlier attempt may have run)'
                                           ELSE 'claimed' END)
-                         ELSE format('%s (misfire_grace %s)', dispatch._missed_by(now() - r.scheduled_for),
-                                     s.misfire_grace)
+                         ELSE format('%s (misfire_grace %s)',
+                                     dispatch._missed_by(now() - coalesce(r.fire_at, r.scheduled_for)), s.misfire_grace)
                     END
         FROM dispatch.schedules s
         WHERE r.id = ANY (ids) AND s.id = r.schedule_id
@@ -833,6 +889,26 @@ BEGIN
     RETURN cardinality(ended);
 END
 $$;
+
+
+--
+-- Name: _every_index(dispatch.cron_spec, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._every_index(spec dispatch.cron_spec, at timestamp with time zone) RETURNS numeric
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$ SELECT floor(extract(epoch FROM at - spec.anchor) * 1000000 / spec.every_us) $$;
+
+
+--
+-- Name: _every_slot(dispatch.cron_spec, numeric); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._every_slot(spec dispatch.cron_spec, k numeric) RETURNS timestamp with time zone
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$ SELECT spec.anchor + (k * spec.every_us)::bigint * interval '1 microsecond' $$;
 
 
 --
@@ -1006,7 +1082,8 @@ CREATE FUNCTION dispatch._missed(r dispatch.runs, s dispatch.schedules) RETURNS 
     AS $$
     SELECT r.attempt OPERATOR(pg_catalog.=) 0 AND r.kind OPERATOR(pg_catalog.=) 'scheduled'
        AND s.misfire_grace IS NOT NULL
-       AND (pg_catalog.now() OPERATOR(pg_catalog.-) r.scheduled_for) OPERATOR(pg_catalog.>) s.misfire_grace
+       AND (pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(r.fire_at, r.scheduled_for))
+           OPERATOR(pg_catalog.>) s.misfire_grace
 $$;
 
 
@@ -1167,6 +1244,21 @@ $$;
 
 
 --
+-- Name: _run_fire_at(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._run_fire_at() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    NEW.fire_at := NEW.scheduled_for;
+    RETURN NEW;
+END
+$$;
+
+
+--
 -- Name: _schedule_audit(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -1193,7 +1285,7 @@ BEGIN
         JOIN jsonb_each(to_jsonb(OLD)) o USING (key)
         WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled',
                         'deleted_at', 'max_attempts', 'retry_backoff', 'retry_backoff_max', 'timeout',
-                        'misfire_grace', 'catchup', 'overlap')
+                        'misfire_grace', 'catchup', 'overlap', 'every', 'anchor', 'jitter')
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -1202,6 +1294,7 @@ BEGIN
                 'scheduleId', NEW.id,
                 'functionName', NEW.function_name,
                 'cronExpression', NEW.cron_expression,
+                'every', NEW.every,
                 'timezone', NEW.timezone,
                 'reason', CASE WHEN action = 'schedule.pause' THEN NEW.paused_reason END))
             -- after the stripping: a column set to NULL shows as null
@@ -1242,15 +1335,24 @@ BEGIN
                       HINT = 'Pass a reference (a key, a URL) that the function fetches instead.';
         END IF;
     END IF;
-    -- cron_spec is derived: whatever a statement wrote there, it is the parsed expression. An
-    -- unchanged expression and zone are not validated again, so that a schedule whose zone was
-    -- dropped from the tz database can still be edited, disabled or deleted.
+    -- A schedule's slots come from a cron expression or an interval, exactly one of them.
+    IF (NEW.cron_expression IS NULL) = (NEW.every IS NULL) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'invalid_parameter_value',
+            MESSAGE = CASE WHEN NEW.every IS NULL THEN 'a schedule needs cron_expression or every'
+                           ELSE 'cron_expression and every exclude each other: set one of them' END,
+            HINT = 'cron_expression for wall-clock slots (''*/5 * * * *''), every for slots a fixed time apart (''30 seconds'', from anchor).';
+    END IF;
+    -- anchor belongs to an interval: it defaults to the creation time, and goes with every.
+    NEW.anchor := CASE WHEN NEW.every IS NOT NULL THEN coalesce(NEW.anchor, NEW.created_at, now()) END;
+    -- cron_spec is derived: whatever a statement wrote there, it is the parsed expression (or
+    -- interval). An unchanged expression and zone are not validated again, so that a schedule
+    -- whose zone was dropped from the tz database can still be edited, disabled or deleted.
     IF TG_OP = 'INSERT' OR NEW.cron_expression IS DISTINCT FROM OLD.cron_expression
+       OR NEW.every IS DISTINCT FROM OLD.every OR NEW.anchor IS DISTINCT FROM OLD.anchor
        OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec THEN
-        NEW.cron_spec := dispatch.cron_parse(NEW.cron_expression);
-        IF NEW.cron_spec IS NULL THEN
-            RAISE EXCEPTION 'cron_expression must not be null' USING ERRCODE = 'invalid_parameter_value';
-        END IF;
+        NEW.cron_spec := CASE WHEN NEW.every IS NOT NULL THEN dispatch.every_spec(NEW.every, NEW.anchor)
+                              ELSE dispatch.cron_parse(NEW.cron_expression) END;
     END IF;
     IF TG_OP = 'INSERT' OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
         PERFORM dispatch.check_timezone(NEW.timezone);
@@ -1263,7 +1365,7 @@ BEGIN
         NEW.backoff_reason := NULL;
     ELSIF TG_OP = 'INSERT'
           OR NOT (OLD.enabled AND OLD.deleted_at IS NULL AND OLD.paused_at IS NULL)
-          OR NEW.cron_expression IS DISTINCT FROM OLD.cron_expression
+          OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec
           OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
         -- The statement's clock, not the transaction's: a transaction that began before a slot
         -- ran must not put the schedule back onto it. And never on or before the last slot
@@ -1411,8 +1513,9 @@ BEGIN
                                                             s.timezone, 100));
     IF cardinality(slots) <= 100 THEN
         WITH k AS (
-            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, status, finished_at, error)
-            SELECT s.id, slot, 'skipped', now(), dispatch._missed_by(horizon - slot)
+            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, status, finished_at, error)
+            SELECT s.id, slot, slot + dispatch.jitter_offset(s.id, slot, s.jitter), 'skipped', now(),
+                   dispatch._missed_by(horizon - slot)
             FROM unnest(slots) AS slot
             ON CONFLICT DO NOTHING
             RETURNING r
@@ -1482,8 +1585,8 @@ BEGIN
     -- invocation (invariant 6).
     IF s.backoff_reason IS NOT NULL THEN
         WITH k AS (
-            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, status, finished_at, error)
-            VALUES (s.id, s.next_run_at, 'skipped', now(), left(s.backoff_reason, 500))
+            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, status, finished_at, error)
+            VALUES (s.id, s.next_run_at, s.next_run_at, 'skipped', now(), left(s.backoff_reason, 500))
             RETURNING r
         )
         SELECT array_agg(k.r) INTO skipped FROM k;
@@ -1501,8 +1604,8 @@ BEGIN
             target := CASE WHEN slot_run.id IS NULL THEN s.next_run_at
                            ELSE dispatch.cron_spec_next(s.cron_spec, s.next_run_at, s.timezone) END;
             IF target <= horizon THEN
-                INSERT INTO dispatch.runs (schedule_id, scheduled_for, not_before)
-                VALUES (s.id, target, 'infinity')
+                INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, not_before)
+                VALUES (s.id, target, target + dispatch.jitter_offset(s.id, target, s.jitter), 'infinity')
                 ON CONFLICT DO NOTHING;
                 UPDATE dispatch.schedules SET next_run_at = target WHERE id = s.id;
                 RETURN 1;
@@ -1512,7 +1615,9 @@ BEGIN
     END IF;
 
     -- The slots missed since next_run_at. Those beyond the grace are recorded, never invoked.
-    cut := CASE WHEN s.misfire_grace IS NULL THEN '-infinity' ELSE horizon - s.misfire_grace END;
+    -- The grace counts from a slot's fire instant, up to a jitter after it: a slot within
+    -- the jitter of the cut is marked, and the claim skips it if its own instant is beyond.
+    cut := CASE WHEN s.misfire_grace IS NULL THEN '-infinity' ELSE horizon - s.misfire_grace - s.jitter END;
     first_in_grace := s.next_run_at;
     IF s.next_run_at < cut THEN
         first_in_grace := dispatch.cron_spec_next(s.cron_spec, dispatch._skip_missed(s, s.next_run_at, cut, horizon),
@@ -1534,8 +1639,10 @@ BEGIN
         slots := ARRAY[coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
                                                       horizon, s.timezone), first_in_grace)];
     END IF;
-    INSERT INTO dispatch.runs (schedule_id, scheduled_for)
-    SELECT s.id, slot FROM unnest(slots) AS slot
+    -- A slot fires at its jitter offset: one whose instant is still ahead waits for it.
+    INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, not_before)
+    SELECT s.id, f.slot, f.fire_at, CASE WHEN f.fire_at > horizon THEN f.fire_at END
+    FROM (SELECT slot, slot + dispatch.jitter_offset(s.id, slot, s.jitter) AS fire_at FROM unnest(slots) AS slot) f
     ON CONFLICT DO NOTHING;
     target := slots[cardinality(slots)];
     UPDATE dispatch.schedules
@@ -1660,8 +1767,8 @@ BEGIN
                                                upto - interval '1 microsecond', s.timezone, 10000));
     -- Each waits its turn (not_before infinity): dispatch._follow_up lets one go at a time,
     -- oldest first, whenever nothing else of the schedule is open.
-    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, kind, not_before)
-    SELECT s.id, slot, 'backfill', 'infinity'
+    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, kind, not_before)
+    SELECT s.id, slot, slot, 'backfill', 'infinity'
     FROM unnest(slots) AS slot
     WHERE NOT EXISTS (SELECT 1 FROM dispatch.runs x WHERE x.schedule_id = s.id AND x.scheduled_for = slot)
     ON CONFLICT DO NOTHING;
@@ -1722,7 +1829,7 @@ COMMENT ON FUNCTION dispatch.check_timezone(tz text) IS 'Return tz when it is a 
 -- Name: claim_runs(text, integer, interval, interval); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval DEFAULT '00:01:00'::interval, default_timeout interval DEFAULT NULL::interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone, timeout interval)
+CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval DEFAULT '00:01:00'::interval, default_timeout interval DEFAULT NULL::interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone, timeout interval, fire_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1734,8 +1841,8 @@ DECLARE
     stale_ids bigint[];
     more_stale bigint[];
 BEGIN
-    -- Two queues, each read oldest first: retries whose back-off is over, then runs marked for
-    -- their slot. A run another transaction holds is skipped, so concurrent claims never get the
+    -- Two queues, each read oldest first: runs whose not_before is over (retries after their
+    -- back-off, slots that waited for their jittered instant), then runs marked for their slot. A run another transaction holds is skipped, so concurrent claims never get the
     -- same run and never wait.
     --
     -- Some runs are not handed out. A retry that can no longer start before its schedule's
@@ -1748,7 +1855,8 @@ BEGIN
     INTO live_ids, late_ids, stale_ids
     FROM (SELECT r.id,
                  CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
-                      WHEN r.kind = 'scheduled'
+                      WHEN dispatch._missed(r, s) THEN 'stale'
+                      WHEN r.kind = 'scheduled' AND r.attempt > 0
                            AND now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
                       ELSE 'live' END AS state
           FROM dispatch.runs r
@@ -1799,7 +1907,8 @@ BEGIN
     FROM dispatch.schedules s
     WHERE r.id = ANY (live_ids) AND s.id = r.schedule_id
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
-              r.request_id, r.scheduled_for, r.attempt, r.lease_until, coalesce(s.timeout, claim_runs.default_timeout);
+              r.request_id, r.scheduled_for, r.attempt, r.lease_until,
+              coalesce(s.timeout, claim_runs.default_timeout), r.fire_at;
 END
 $$;
 
@@ -1808,7 +1917,7 @@ $$;
 -- Name: FUNCTION claim_runs(worker text, max_runs integer, lease interval, default_timeout interval); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval, default_timeout interval) IS 'Move up to max_runs pending runs of live schedules to running for worker and return what is needed to invoke them: retries whose back-off is over first, then runs in slot order (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits). attempt is the fencing token to pass to complete_runs or release_runs. timeout is the invocation timeout to apply: the schedule''s, else default_timeout (the caller''s). lease_until is now + lease, plus the schedule''s timeout minus default_timeout when the schedule has its own: give lease = default_timeout plus a margin. Runs that must not start end instead: a retry past the next slot (error), a first attempt past misfire_grace, a run of a stopped schedule (skipped).';
+COMMENT ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval, default_timeout interval) IS 'Move up to max_runs pending runs of live schedules to running for worker and return what is needed to invoke them (fire_at: the instant the run fires at, its slot plus the schedule''s jitter offset): runs whose not_before is over first (retries, slots that waited for their jittered instant), then runs in slot order (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits). attempt is the fencing token to pass to complete_runs or release_runs. timeout is the invocation timeout to apply: the schedule''s, else default_timeout (the caller''s). lease_until is now + lease, plus the schedule''s timeout minus default_timeout when the schedule has its own: give lease = default_timeout plus a margin. Runs that must not start end instead: a retry past the next slot (error), a first attempt past misfire_grace, a run of a stopped schedule (skipped).';
 
 
 --
@@ -2062,7 +2171,7 @@ BEGIN
 
     spec := ROW(0, 0, 0, 0, 0, 0, 0, false,
                 left(fields[3], 1) = '*', left(fields[5], 1) = '*',
-                left(fields[1], 1) = '*' OR left(fields[2], 1) = '*');
+                left(fields[1], 1) = '*' OR left(fields[2], 1) = '*', NULL, NULL);
 
     FOR f IN 1..5 LOOP
         fname := names[f];
@@ -2215,6 +2324,9 @@ DECLARE
     k   timestamptz;
     ahead double precision;
 BEGIN
+    IF spec.every_us IS NOT NULL THEN
+        RETURN dispatch._every_slot(spec, dispatch._every_index(spec, after) + 1);
+    END IF;
     IF spec.real_time THEN
         -- Follows real time: walk instants; a wall-clock time skipped by DST never happens, a
         -- repeated one happens twice. Between offset changes, wall = instant + constant offset.
@@ -2268,7 +2380,70 @@ $$;
 -- Name: FUNCTION cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) IS 'dispatch.cron_next for an already parsed expression: the earliest minute-aligned instant strictly after "after" that the spec matches in time zone tz.';
+COMMENT ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) IS 'dispatch.cron_next for an already parsed expression: the earliest minute-aligned instant strictly after "after" that the spec matches in time zone tz. For an interval spec (dispatch.every_spec), the first anchor + k * every after "after"; tz does not apply.';
+
+
+--
+-- Name: every_spec(interval, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.every_spec(every interval, anchor timestamp with time zone) RETURNS dispatch.cron_spec
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    spec dispatch.cron_spec;
+BEGIN
+    IF every IS NULL OR every < interval '1 second' OR every > interval '366 days' THEN
+        RAISE EXCEPTION 'every must be at least 1 second and at most 366 days, not %', coalesce(every::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'For slots less than a second apart, call the function in a loop of its own.';
+    END IF;
+    IF extract(month FROM every) <> 0 OR extract(year FROM every) <> 0 THEN
+        RAISE EXCEPTION 'every must be a fixed length (seconds, minutes, hours, days), not %', every
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Months have no fixed length: for a calendar rule use a cron expression, e.g. ''0 0 1 * *''.';
+    END IF;
+    IF anchor IS NULL OR NOT isfinite(anchor) THEN
+        RAISE EXCEPTION 'anchor must be a finite instant, not %', coalesce(anchor::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    spec.every_us := (extract(epoch FROM every) * 1000000)::bigint;
+    spec.anchor := anchor;
+    spec.real_time := true;
+    RETURN spec;
+END
+$$;
+
+
+--
+-- Name: FUNCTION every_spec(every interval, anchor timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.every_spec(every interval, anchor timestamp with time zone) IS 'The slot rule of an interval schedule (slots at anchor + k * every, real time) as a dispatch.cron_spec, for dispatch.cron_spec_next and the tick. Raises 22023 for an interval under 1 second or over 366 days, or one with months.';
+
+
+--
+-- Name: jitter_offset(uuid, timestamp with time zone, interval); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval) RETURNS interval
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT CASE WHEN w.us > 0
+                THEN mod(mod(hashtextextended(schedule_id::text || ' ' || extract(epoch FROM slot)::text, 0), w.us)
+                         + w.us, w.us) * interval '1 microsecond'
+                ELSE interval '0' END
+    FROM (SELECT (extract(epoch FROM jitter) * 1000000)::bigint AS us) w
+$$;
+
+
+--
+-- Name: FUNCTION jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval) IS 'How long after its slot a schedule with this jitter fires: an offset in [0, jitter) fixed by a hash of the schedule id and the slot, so that schedules sharing a slot spread out, the same way on every tick. 0 when jitter is 0.';
 
 
 --
@@ -2585,8 +2760,8 @@ BEGIN
 
     -- Due at the instant of the call, with its own request id; the schedule's slots stay as
     -- they are (dispatch._advance_schedules leaves them to scheduled runs).
-    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, kind, not_before)
-    VALUES (s.id, clock_timestamp(), 'manual',
+    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, kind, not_before)
+    VALUES (s.id, clock_timestamp(), clock_timestamp(), 'manual',
             CASE WHEN s.overlap = 'buffer_one' AND open_run.id IS NOT NULL THEN timestamptz 'infinity' END)
     RETURNING r.* INTO run;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -2659,9 +2834,9 @@ BEGIN
     -- buffer full).
     BEGIN
         WITH due AS MATERIALIZED (
-            SELECT s.id, s.next_run_at, s.cron_spec, s.timezone, s.catchup,
+            SELECT s.id, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
                    s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
-                   AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace) AS plain
+                   AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter) AS plain
             FROM dispatch.schedules s
             LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
             CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
@@ -2671,19 +2846,30 @@ BEGIN
               AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
             FOR NO KEY UPDATE OF s SKIP LOCKED
         ), slot AS (
-            -- The slot to run: next_run_at when on time (slots are at least a minute apart, so none
-            -- was missed) or under catchup all (the oldest first); under catchup latest, the most
-            -- recent slot due, the missed ones coalesced into it.
+            -- The slot to run: next_run_at when on time (cron slots are at least a minute apart,
+            -- interval slots every_us, so none was missed) or under catchup all (the oldest
+            -- first); under catchup latest, the most recent slot due, the missed ones coalesced
+            -- into it.
             SELECT d.id, d.next_run_at AS due_at,
-                   CASE WHEN d.next_run_at > horizon - interval '1 minute' OR d.catchup = 'all' THEN d.next_run_at
+                   CASE WHEN horizon - d.next_run_at < coalesce((d.cron_spec).every_us * interval '1 microsecond',
+                                                                interval '1 minute')
+                             OR d.catchup = 'all' THEN d.next_run_at
                         ELSE coalesce(dispatch._cron_latest(d.cron_spec, d.next_run_at - interval '1 microsecond',
                                                             horizon, d.timezone),
                                       d.next_run_at)
-                   END AS scheduled_for
+                   END AS scheduled_for,
+                   d.jitter
             FROM due d WHERE d.plain
+        ), fire AS (
+            SELECT x.id, x.scheduled_for,
+                   x.scheduled_for + CASE WHEN x.jitter > interval '0'
+                                          THEN dispatch.jitter_offset(x.id, x.scheduled_for, x.jitter)
+                                          ELSE interval '0' END AS fire_at
+            FROM slot x
         ), new_runs AS (
-            INSERT INTO dispatch.runs (schedule_id, scheduled_for)
-            SELECT x.id, x.scheduled_for FROM slot x
+            -- a slot whose jittered instant is still ahead waits for it (not_before)
+            INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, not_before)
+            SELECT f.id, f.scheduled_for, f.fire_at, CASE WHEN f.fire_at > horizon THEN f.fire_at END FROM fire f
             ON CONFLICT DO NOTHING  -- cannot happen given the above; never an error if it did
             RETURNING 1
         ), coalesced AS (
@@ -2899,7 +3085,11 @@ CREATE VIEW dispatch.schedule_status AS
     s.overlap,
     COALESCE(open.runs, (0)::bigint) AS open_runs,
     open.attempt AS current_attempt,
-    open.next_retry_at
+    open.next_retry_at,
+    s.every,
+    s.anchor,
+    s.jitter,
+    (s.next_run_at + dispatch.jitter_offset(s.id, s.next_run_at, s.jitter)) AS next_fire_at
    FROM ((dispatch.schedules s
      LEFT JOIN LATERAL ( SELECT count(*) AS runs,
             (array_agg(r.status ORDER BY r.scheduled_for, r.id))[1] AS status,
@@ -2920,7 +3110,7 @@ CREATE VIEW dispatch.schedule_status AS
 -- Name: VIEW schedule_status; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON VIEW dispatch.schedule_status IS 'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), and its run policies.';
+COMMENT ON VIEW dispatch.schedule_status IS 'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), its run policies, its interval (every, anchor) when it has no cron_expression, its jitter, and the instant its next slot fires at (next_fire_at: next_run_at plus the jitter offset).';
 
 
 --
@@ -3118,6 +3308,13 @@ CREATE TRIGGER _050_soft_delete BEFORE DELETE ON dispatch.schedules FOR EACH ROW
 
 
 --
+-- Name: runs _100_fire_at; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _100_fire_at BEFORE INSERT ON dispatch.runs FOR EACH ROW WHEN ((new.fire_at IS NULL)) EXECUTE FUNCTION dispatch._run_fire_at();
+
+
+--
 -- Name: schedules _100_validate_insert; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
@@ -3128,7 +3325,7 @@ CREATE TRIGGER _100_validate_insert BEFORE INSERT ON dispatch.schedules FOR EACH
 -- Name: schedules _100_validate_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
+CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
 
 
 --
@@ -3156,14 +3353,14 @@ CREATE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules FOR EACH ROW
 -- Name: schedules _800_audit_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts) OR (old.retry_backoff IS DISTINCT FROM new.retry_backoff) OR (old.retry_backoff_max IS DISTINCT FROM new.retry_backoff_max) OR (old.timeout IS DISTINCT FROM new.timeout) OR (old.misfire_grace IS DISTINCT FROM new.misfire_grace) OR (old.catchup IS DISTINCT FROM new.catchup) OR (old.overlap IS DISTINCT FROM new.overlap))) EXECUTE FUNCTION dispatch._schedule_audit();
+CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts) OR (old.retry_backoff IS DISTINCT FROM new.retry_backoff) OR (old.retry_backoff_max IS DISTINCT FROM new.retry_backoff_max) OR (old.timeout IS DISTINCT FROM new.timeout) OR (old.misfire_grace IS DISTINCT FROM new.misfire_grace) OR (old.catchup IS DISTINCT FROM new.catchup) OR (old.overlap IS DISTINCT FROM new.overlap) OR (old.every IS DISTINCT FROM new.every) OR (old.anchor IS DISTINCT FROM new.anchor) OR (old.jitter IS DISTINCT FROM new.jitter))) EXECUTE FUNCTION dispatch._schedule_audit();
 
 
 --
 -- Name: schedules _900_notify; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _900_notify AFTER INSERT OR UPDATE OF enabled, deleted_at, paused_at, cron_expression, timezone ON dispatch.schedules FOR EACH STATEMENT EXECUTE FUNCTION dispatch._schedule_notify();
+CREATE TRIGGER _900_notify AFTER INSERT OR UPDATE OF enabled, deleted_at, paused_at, cron_expression, timezone, every, anchor ON dispatch.schedules FOR EACH STATEMENT EXECUTE FUNCTION dispatch._schedule_notify();
 
 
 --
@@ -3318,6 +3515,27 @@ GRANT INSERT(overlap),UPDATE(overlap) ON TABLE dispatch.schedules TO dispatch_ad
 
 
 --
+-- Name: COLUMN schedules.every; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(every),UPDATE(every) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.anchor; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(anchor),UPDATE(anchor) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.jitter; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(jitter),UPDATE(jitter) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
 -- Name: FUNCTION _check_policies(s dispatch.schedules); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -3393,6 +3611,26 @@ REVOKE ALL ON FUNCTION dispatch._end_late_retries(run_ids bigint[]) FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION dispatch._end_stale_runs(run_ids bigint[], wait boolean) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _every_index(spec dispatch.cron_spec, at timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._every_index(spec dispatch.cron_spec, at timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._every_index(spec dispatch.cron_spec, at timestamp with time zone) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._every_index(spec dispatch.cron_spec, at timestamp with time zone) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._every_index(spec dispatch.cron_spec, at timestamp with time zone) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _every_slot(spec dispatch.cron_spec, k numeric); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._every_slot(spec dispatch.cron_spec, k numeric) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._every_slot(spec dispatch.cron_spec, k numeric) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._every_slot(spec dispatch.cron_spec, k numeric) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._every_slot(spec dispatch.cron_spec, k numeric) TO dispatch_admin;
 
 
 --
@@ -3475,6 +3713,13 @@ GRANT ALL ON FUNCTION dispatch._prune_runs(after_id bigint, INOUT up_to bigint, 
 --
 
 REVOKE ALL ON FUNCTION dispatch._retry_delay(s dispatch.schedules, attempt integer, retry_after_ms integer) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _run_fire_at(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._run_fire_at() FROM PUBLIC;
 
 
 --
@@ -3654,6 +3899,26 @@ REVOKE ALL ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after ti
 GRANT ALL ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) TO dispatch_reader;
 GRANT ALL ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION every_spec(every interval, anchor timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.every_spec(every interval, anchor timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.every_spec(every interval, anchor timestamp with time zone) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.every_spec(every interval, anchor timestamp with time zone) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch.every_spec(every interval, anchor timestamp with time zone) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval) TO dispatch_admin;
 
 
 --

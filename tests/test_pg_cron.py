@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -65,6 +66,12 @@ def test_pg_cron_ticks_another_database(db: psycopg.Connection, cron_db: psycopg
         " VALUES ('p', 'fn', '* * * * *')"
     )
     db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now())")
+    # An interval schedule with no listener to tick on its slots: pg_cron's minutely tick alone
+    # still fires it, at the latest slot (catchup latest).
+    interval_id = db.execute(
+        "INSERT INTO dispatch.schedules (project_id, function_name, every)"
+        " VALUES ('p', 'often', '2 seconds') RETURNING id"
+    ).fetchone()[0]
     # pg_cron fires at the next minute boundary: wait for its NOTIFY (at most ~60 s).
     deadline = time.monotonic() + 90
     payloads = []
@@ -72,8 +79,14 @@ def test_pg_cron_ticks_another_database(db: psycopg.Connection, cron_db: psycopg
         payloads.append(note.payload)
         if note.payload.startswith('{"marked"'):
             break
-    assert '{"marked" : 1, "requeued" : 0}' in payloads
-    assert db.execute("SELECT status FROM dispatch.runs").fetchall() == [("pending",)]
+    assert '{"marked" : 2, "requeued" : 0}' in payloads
+    assert db.execute("SELECT status FROM dispatch.runs").fetchall() == [("pending",), ("pending",)]
+    slot, anchor, fire_at, marked_at = db.execute(
+        "SELECT r.scheduled_for, s.anchor, r.fire_at, r.created_at FROM dispatch.runs r"
+        " JOIN dispatch.schedules s ON s.id = r.schedule_id WHERE s.id = %s", (interval_id,)
+    ).fetchone()
+    assert (slot - anchor).total_seconds() % 2 == 0 and fire_at == slot
+    assert timedelta(0) <= marked_at - slot < timedelta(seconds=2)  # the latest slot, not a stale one
     # pg_cron writes a job's status just after its command commits
     for job in ["dispatch-tick", "dispatch-prune-now"]:
         while (

@@ -33,7 +33,14 @@ from hypothesis.stateful import (
 )
 from psycopg import errors
 
-EXPRESSIONS = ["* * * * *", "*/2 * * * *", "*/5 * * * *", "0 * * * *", "30 9 * * *"]
+# The slot rules: cron expressions, and intervals (every) from the creation time.
+EXPRESSIONS = ["* * * * *", "*/2 * * * *", "*/5 * * * *", "0 * * * *", "30 9 * * *", "every 90 seconds",
+               "every 7 minutes"]
+
+
+def slot_rule(expr: str) -> tuple[str | None, str | None]:
+    """(cron_expression, every) for an entry of EXPRESSIONS."""
+    return (None, expr.removeprefix("every ")) if expr.startswith("every ") else (expr, None)
 ZONES = ["UTC", "Europe/Berlin", "Asia/Kolkata"]
 EXAMPLES = int(os.environ.get("PGDISPATCH_STATEFUL_EXAMPLES", "400"))
 # The CI walk is always the same (derandomized); a long walk by hand explores new ones.
@@ -227,18 +234,18 @@ class DispatchWalk(RuleBasedStateMachine):
     @rule(expr=st.sampled_from(EXPRESSIONS), zone=st.sampled_from(ZONES), attempts=st.integers(1, 3),
           overlap=st.sampled_from(["skip", "buffer_one", "allow"]),
           catchup=st.sampled_from(["latest", "all"]),
-          grace=st.sampled_from([None, "30 minutes", "3 hours"]))
+          grace=st.sampled_from([None, "30 minutes", "3 hours"]), jitter=st.sampled_from(["0", "20 seconds"]))
     def admin_adds(self, expr: str, zone: str, attempts: int, overlap: str, catchup: str,
-                   grace: str | None) -> None:
+                   grace: str | None, jitter: str) -> None:
         self.step()
         # Back-offs of milliseconds: retries come due by the real clock within a few steps.
         self.schedules.append(str(one(
             self.sessions.admin,
-            "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, timezone,"
-            " max_attempts, overlap, catchup, misfire_grace, retry_backoff, retry_backoff_max)"
-            " VALUES ('walk', 'fn', %s, %s, %s, %s, %s, %s, '5 milliseconds', '40 milliseconds')"
+            "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, every, timezone,"
+            " max_attempts, overlap, catchup, misfire_grace, retry_backoff, retry_backoff_max, jitter)"
+            " VALUES ('walk', 'fn', %s, %s, %s, %s, %s, %s, %s, '5 milliseconds', '40 milliseconds', %s)"
             " RETURNING id",
-            (expr, zone, attempts, overlap, catchup if grace else "latest", grace))))
+            (*slot_rule(expr), zone, attempts, overlap, catchup if grace else "latest", grace, jitter))))
 
     @precondition(lambda self: self.schedules and self.admin_may_write())
     @rule(pick=st.integers(0, 99), change=st.sampled_from(
@@ -251,7 +258,7 @@ class DispatchWalk(RuleBasedStateMachine):
             return  # the DBA's open transaction holds it: the administrator would wait on the DBA
         update = "UPDATE dispatch.schedules SET {} WHERE id = %s"
         statement, params = {
-            "cron": (update.format("cron_expression = %s"), (expr, sid)),
+            "cron": (update.format("cron_expression = %s, every = %s"), (*slot_rule(expr), sid)),
             "args": (update.format("args = jsonb_build_object('n', random())"), (sid,)),
             "attempts": (update.format("max_attempts = 1 + (max_attempts %% 3)"), (sid,)),
             "disable": (update.format("enabled = false"), (sid,)),
@@ -414,11 +421,16 @@ class DispatchWalk(RuleBasedStateMachine):
                                         " ('pending', 'running')")
         assert runs_count >= self.runs_count
         self.runs_count = runs_count
-        # 6. a back-off instant (not on a minute) is recorded skipped, never attempted
+        # 6. a back-off instant (neither on a minute nor on an interval's slot from the creation
+        # time) is recorded skipped, never attempted
         assert clock.execute("""
-            SELECT id FROM dispatch.runs
-            WHERE scheduled_for <> date_trunc('minute', scheduled_for) AND kind = 'scheduled'
-              AND NOT (status = 'skipped' AND attempt = 0)""").fetchall() == []
+            SELECT r.id FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id
+            WHERE r.scheduled_for <> date_trunc('minute', r.scheduled_for) AND r.kind = 'scheduled'
+              AND NOT EXISTS (SELECT 1 FROM unnest(%s::interval[]) e(every)
+                              WHERE mod(extract(epoch FROM r.scheduled_for - s.created_at),
+                                        extract(epoch FROM e.every)) = 0)
+              AND NOT (r.status = 'skipped' AND r.attempt = 0)""",
+            ([e.removeprefix("every ") for e in EXPRESSIONS if e.startswith("every ")],)).fetchall() == []
 
 
 @pytest.fixture

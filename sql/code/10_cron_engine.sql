@@ -123,7 +123,7 @@ BEGIN
 
     spec := ROW(0, 0, 0, 0, 0, 0, 0, false,
                 left(fields[3], 1) = '*', left(fields[5], 1) = '*',
-                left(fields[1], 1) = '*' OR left(fields[2], 1) = '*');
+                left(fields[1], 1) = '*' OR left(fields[2], 1) = '*', NULL, NULL);
 
     FOR f IN 1..5 LOOP
         fname := names[f];
@@ -386,6 +386,53 @@ BEGIN
 END
 $$;
 
+-- An interval schedule's slot rule: slots at anchor + k * every, in real time. A day is 24 hours
+-- here, whatever the session's zone: the interval is turned into microseconds once, and slots
+-- are computed by integer arithmetic on them.
+CREATE OR REPLACE FUNCTION dispatch.every_spec(every interval, anchor timestamptz)
+RETURNS dispatch.cron_spec
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    spec dispatch.cron_spec;
+BEGIN
+    IF every IS NULL OR every < interval '1 second' OR every > interval '366 days' THEN
+        RAISE EXCEPTION 'every must be at least 1 second and at most 366 days, not %', coalesce(every::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'For slots less than a second apart, call the function in a loop of its own.';
+    END IF;
+    IF extract(month FROM every) <> 0 OR extract(year FROM every) <> 0 THEN
+        RAISE EXCEPTION 'every must be a fixed length (seconds, minutes, hours, days), not %', every
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Months have no fixed length: for a calendar rule use a cron expression, e.g. ''0 0 1 * *''.';
+    END IF;
+    IF anchor IS NULL OR NOT isfinite(anchor) THEN
+        RAISE EXCEPTION 'anchor must be a finite instant, not %', coalesce(anchor::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    spec.every_us := (extract(epoch FROM every) * 1000000)::bigint;
+    spec.anchor := anchor;
+    spec.real_time := true;
+    RETURN spec;
+END
+$$;
+COMMENT ON FUNCTION dispatch.every_spec(interval, timestamptz) IS
+    'The slot rule of an interval schedule (slots at anchor + k * every, real time) as a dispatch.cron_spec, for dispatch.cron_spec_next and the tick. Raises 22023 for an interval under 1 second or over 366 days, or one with months.';
+
+-- The k-th slot of an interval spec, and the index of the latest slot at or before an instant.
+CREATE OR REPLACE FUNCTION dispatch._every_slot(spec dispatch.cron_spec, k numeric)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT spec.anchor + (k * spec.every_us)::bigint * interval '1 microsecond' $$;
+
+CREATE OR REPLACE FUNCTION dispatch._every_index(spec dispatch.cron_spec, at timestamptz)
+RETURNS numeric
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT floor(extract(epoch FROM at - spec.anchor) * 1000000 / spec.every_us) $$;
+
 CREATE OR REPLACE FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamptz, tz text DEFAULT 'UTC')
 RETURNS timestamptz
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
@@ -400,6 +447,9 @@ DECLARE
     k   timestamptz;
     ahead double precision;
 BEGIN
+    IF spec.every_us IS NOT NULL THEN
+        RETURN dispatch._every_slot(spec, dispatch._every_index(spec, after) + 1);
+    END IF;
     IF spec.real_time THEN
         -- Follows real time: walk instants; a wall-clock time skipped by DST never happens, a
         -- repeated one happens twice. Between offset changes, wall = instant + constant offset.
@@ -448,7 +498,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION dispatch.cron_spec_next(dispatch.cron_spec, timestamptz, text) IS
-    'dispatch.cron_next for an already parsed expression: the earliest minute-aligned instant strictly after "after" that the spec matches in time zone tz.';
+    'dispatch.cron_next for an already parsed expression: the earliest minute-aligned instant strictly after "after" that the spec matches in time zone tz. For an interval spec (dispatch.every_spec), the first anchor + k * every after "after"; tz does not apply.';
 
 -- The latest instant the spec fires at in (lo, hi]; NULL when there is none. What catch-up
 -- "latest" runs after downtime, in a few cron_spec_next calls however long the downtime was:
@@ -465,6 +515,10 @@ DECLARE
     t timestamptz;
     n timestamptz;
 BEGIN
+    IF spec.every_us IS NOT NULL THEN
+        t := dispatch._every_slot(spec, dispatch._every_index(spec, hi));
+        RETURN CASE WHEN t > lo THEN t END;
+    END IF;
     FOREACH w IN ARRAY windows LOOP
         t := dispatch.cron_spec_next(spec, greatest(lo, hi - w), tz);
         IF t <= hi THEN
@@ -498,3 +552,20 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- Jitter: where in [0, jitter) a slot fires, from a hash of the schedule and the slot. The same
+-- for every tick, listener and restart, different from slot to slot and from schedule to schedule
+-- (hashtextextended is stable across platforms and releases: hash partitioning depends on it).
+CREATE OR REPLACE FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamptz, jitter interval)
+RETURNS interval
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN w.us > 0
+                THEN mod(mod(hashtextextended(schedule_id::text || ' ' || extract(epoch FROM slot)::text, 0), w.us)
+                         + w.us, w.us) * interval '1 microsecond'
+                ELSE interval '0' END
+    FROM (SELECT (extract(epoch FROM jitter) * 1000000)::bigint AS us) w
+$$;
+COMMENT ON FUNCTION dispatch.jitter_offset(uuid, timestamptz, interval) IS
+    'How long after its slot a schedule with this jitter fires: an offset in [0, jitter) fixed by a hash of the schedule id and the slot, so that schedules sharing a slot spread out, the same way on every tick. 0 when jitter is 0.';

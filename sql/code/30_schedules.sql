@@ -43,6 +43,12 @@ BEGIN
         hint := 'Say how far back missed slots are run, e.g. misfire_grace = ''6 hours'': after a long outage every slot would run otherwise.';
     ELSIF s.overlap IS NULL OR s.overlap NOT IN ('skip', 'buffer_one', 'allow') THEN
         problem := format('overlap must be skip, buffer_one or allow, not %s', coalesce(quote_literal(s.overlap), 'NULL'));
+    ELSIF s.jitter IS NULL OR s.jitter < interval '0' OR s.jitter > interval '1 day' THEN
+        problem := format('jitter must be between 0 and 1 day, not %s', coalesce(s.jitter::text, 'NULL'));
+        hint := 'Each slot fires at a fixed offset in [0, jitter) after it; 0 fires on the slot.';
+    ELSIF s.every IS NOT NULL AND s.jitter > s.every THEN
+        problem := format('jitter (%s) must not exceed every (%s)', s.jitter, s.every);
+        hint := 'A slot would fire after the next one is due.';
     END IF;
     IF hint IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
@@ -80,15 +86,24 @@ BEGIN
                       HINT = 'Pass a reference (a key, a URL) that the function fetches instead.';
         END IF;
     END IF;
-    -- cron_spec is derived: whatever a statement wrote there, it is the parsed expression. An
-    -- unchanged expression and zone are not validated again, so that a schedule whose zone was
-    -- dropped from the tz database can still be edited, disabled or deleted.
+    -- A schedule's slots come from a cron expression or an interval, exactly one of them.
+    IF (NEW.cron_expression IS NULL) = (NEW.every IS NULL) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'invalid_parameter_value',
+            MESSAGE = CASE WHEN NEW.every IS NULL THEN 'a schedule needs cron_expression or every'
+                           ELSE 'cron_expression and every exclude each other: set one of them' END,
+            HINT = 'cron_expression for wall-clock slots (''*/5 * * * *''), every for slots a fixed time apart (''30 seconds'', from anchor).';
+    END IF;
+    -- anchor belongs to an interval: it defaults to the creation time, and goes with every.
+    NEW.anchor := CASE WHEN NEW.every IS NOT NULL THEN coalesce(NEW.anchor, NEW.created_at, now()) END;
+    -- cron_spec is derived: whatever a statement wrote there, it is the parsed expression (or
+    -- interval). An unchanged expression and zone are not validated again, so that a schedule
+    -- whose zone was dropped from the tz database can still be edited, disabled or deleted.
     IF TG_OP = 'INSERT' OR NEW.cron_expression IS DISTINCT FROM OLD.cron_expression
+       OR NEW.every IS DISTINCT FROM OLD.every OR NEW.anchor IS DISTINCT FROM OLD.anchor
        OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec THEN
-        NEW.cron_spec := dispatch.cron_parse(NEW.cron_expression);
-        IF NEW.cron_spec IS NULL THEN
-            RAISE EXCEPTION 'cron_expression must not be null' USING ERRCODE = 'invalid_parameter_value';
-        END IF;
+        NEW.cron_spec := CASE WHEN NEW.every IS NOT NULL THEN dispatch.every_spec(NEW.every, NEW.anchor)
+                              ELSE dispatch.cron_parse(NEW.cron_expression) END;
     END IF;
     IF TG_OP = 'INSERT' OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
         PERFORM dispatch.check_timezone(NEW.timezone);
@@ -101,7 +116,7 @@ BEGIN
         NEW.backoff_reason := NULL;
     ELSIF TG_OP = 'INSERT'
           OR NOT (OLD.enabled AND OLD.deleted_at IS NULL AND OLD.paused_at IS NULL)
-          OR NEW.cron_expression IS DISTINCT FROM OLD.cron_expression
+          OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec
           OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
         -- The statement's clock, not the transaction's: a transaction that began before a slot
         -- ran must not put the schedule back onto it. And never on or before the last slot
@@ -124,7 +139,7 @@ CREATE OR REPLACE TRIGGER _100_validate_insert BEFORE INSERT ON dispatch.schedul
 CREATE OR REPLACE TRIGGER _100_validate_update
     BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at,
                      paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout,
-                     misfire_grace, catchup, overlap
+                     misfire_grace, catchup, overlap, every, anchor, jitter
     ON dispatch.schedules
     FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
 
@@ -235,7 +250,7 @@ BEGIN
         JOIN jsonb_each(to_jsonb(OLD)) o USING (key)
         WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled',
                         'deleted_at', 'max_attempts', 'retry_backoff', 'retry_backoff_max', 'timeout',
-                        'misfire_grace', 'catchup', 'overlap')
+                        'misfire_grace', 'catchup', 'overlap', 'every', 'anchor', 'jitter')
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -244,6 +259,7 @@ BEGIN
                 'scheduleId', NEW.id,
                 'functionName', NEW.function_name,
                 'cronExpression', NEW.cron_expression,
+                'every', NEW.every,
                 'timezone', NEW.timezone,
                 'reason', CASE WHEN action = 'schedule.pause' THEN NEW.paused_reason END))
             -- after the stripping: a column set to NULL shows as null
@@ -259,7 +275,7 @@ CREATE OR REPLACE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules
 CREATE OR REPLACE TRIGGER _800_audit_update
     AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at,
                     paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace,
-                    catchup, overlap
+                    catchup, overlap, every, anchor, jitter
     ON dispatch.schedules
     FOR EACH ROW
     WHEN (OLD.project_id IS DISTINCT FROM NEW.project_id
@@ -276,7 +292,10 @@ CREATE OR REPLACE TRIGGER _800_audit_update
           OR OLD.timeout IS DISTINCT FROM NEW.timeout
           OR OLD.misfire_grace IS DISTINCT FROM NEW.misfire_grace
           OR OLD.catchup IS DISTINCT FROM NEW.catchup
-          OR OLD.overlap IS DISTINCT FROM NEW.overlap)
+          OR OLD.overlap IS DISTINCT FROM NEW.overlap
+          OR OLD.every IS DISTINCT FROM NEW.every
+          OR OLD.anchor IS DISTINCT FROM NEW.anchor
+          OR OLD.jitter IS DISTINCT FROM NEW.jitter)
     EXECUTE FUNCTION dispatch._schedule_audit();
 
 -- Listeners keep a timer on the earliest next_run_at: a definition change may move it.
@@ -293,6 +312,6 @@ END
 $$;
 
 CREATE OR REPLACE TRIGGER _900_notify
-    AFTER INSERT OR UPDATE OF enabled, deleted_at, paused_at, cron_expression, timezone
+    AFTER INSERT OR UPDATE OF enabled, deleted_at, paused_at, cron_expression, timezone, every, anchor
     ON dispatch.schedules
     FOR EACH STATEMENT EXECUTE FUNCTION dispatch._schedule_notify();

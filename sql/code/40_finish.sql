@@ -260,7 +260,8 @@ $$;
 COMMENT ON FUNCTION dispatch._waits_its_turn(dispatch.runs) IS
     'Whether a run is a backfill run waiting its turn (not_before infinity): it holds nothing of its schedule.';
 
--- A first attempt of a slot that can no longer start within its schedule's misfire_grace.
+-- A first attempt of a slot that can no longer start within its schedule's misfire_grace of its
+-- fire instant.
 -- Retries and attempts after a lost lease are not held to it (the first attempt started in
 -- time), nor manual and backfill runs, which an operator asked for.
 -- No SET clause, unlike the others, so every operator is qualified: the planner inlines it into
@@ -272,7 +273,8 @@ LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT r.attempt OPERATOR(pg_catalog.=) 0 AND r.kind OPERATOR(pg_catalog.=) 'scheduled'
        AND s.misfire_grace IS NOT NULL
-       AND (pg_catalog.now() OPERATOR(pg_catalog.-) r.scheduled_for) OPERATOR(pg_catalog.>) s.misfire_grace
+       AND (pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(r.fire_at, r.scheduled_for))
+           OPERATOR(pg_catalog.>) s.misfire_grace
 $$;
 
 -- Pending runs that must not be invoked end here: those whose schedule stopped (skipped when no
@@ -327,8 +329,8 @@ BEGIN
                                           ELSE 'disabled' END,
                                      CASE WHEN r.attempt > 0 THEN 'retried (an earlier attempt may have run)'
                                           ELSE 'claimed' END)
-                         ELSE format('%s (misfire_grace %s)', dispatch._missed_by(now() - r.scheduled_for),
-                                     s.misfire_grace)
+                         ELSE format('%s (misfire_grace %s)',
+                                     dispatch._missed_by(now() - coalesce(r.fire_at, r.scheduled_for)), s.misfire_grace)
                     END
         FROM dispatch.schedules s
         WHERE r.id = ANY (ids) AND s.id = r.schedule_id

@@ -107,8 +107,9 @@ BEGIN
                                                             s.timezone, 100));
     IF cardinality(slots) <= 100 THEN
         WITH k AS (
-            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, status, finished_at, error)
-            SELECT s.id, slot, 'skipped', now(), dispatch._missed_by(horizon - slot)
+            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, status, finished_at, error)
+            SELECT s.id, slot, slot + dispatch.jitter_offset(s.id, slot, s.jitter), 'skipped', now(),
+                   dispatch._missed_by(horizon - slot)
             FROM unnest(slots) AS slot
             ON CONFLICT DO NOTHING
             RETURNING r
@@ -177,8 +178,8 @@ BEGIN
     -- invocation (invariant 6).
     IF s.backoff_reason IS NOT NULL THEN
         WITH k AS (
-            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, status, finished_at, error)
-            VALUES (s.id, s.next_run_at, 'skipped', now(), left(s.backoff_reason, 500))
+            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, status, finished_at, error)
+            VALUES (s.id, s.next_run_at, s.next_run_at, 'skipped', now(), left(s.backoff_reason, 500))
             RETURNING r
         )
         SELECT array_agg(k.r) INTO skipped FROM k;
@@ -196,8 +197,8 @@ BEGIN
             target := CASE WHEN slot_run.id IS NULL THEN s.next_run_at
                            ELSE dispatch.cron_spec_next(s.cron_spec, s.next_run_at, s.timezone) END;
             IF target <= horizon THEN
-                INSERT INTO dispatch.runs (schedule_id, scheduled_for, not_before)
-                VALUES (s.id, target, 'infinity')
+                INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, not_before)
+                VALUES (s.id, target, target + dispatch.jitter_offset(s.id, target, s.jitter), 'infinity')
                 ON CONFLICT DO NOTHING;
                 UPDATE dispatch.schedules SET next_run_at = target WHERE id = s.id;
                 RETURN 1;
@@ -207,7 +208,9 @@ BEGIN
     END IF;
 
     -- The slots missed since next_run_at. Those beyond the grace are recorded, never invoked.
-    cut := CASE WHEN s.misfire_grace IS NULL THEN '-infinity' ELSE horizon - s.misfire_grace END;
+    -- The grace counts from a slot's fire instant, up to a jitter after it: a slot within
+    -- the jitter of the cut is marked, and the claim skips it if its own instant is beyond.
+    cut := CASE WHEN s.misfire_grace IS NULL THEN '-infinity' ELSE horizon - s.misfire_grace - s.jitter END;
     first_in_grace := s.next_run_at;
     IF s.next_run_at < cut THEN
         first_in_grace := dispatch.cron_spec_next(s.cron_spec, dispatch._skip_missed(s, s.next_run_at, cut, horizon),
@@ -229,8 +232,10 @@ BEGIN
         slots := ARRAY[coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
                                                       horizon, s.timezone), first_in_grace)];
     END IF;
-    INSERT INTO dispatch.runs (schedule_id, scheduled_for)
-    SELECT s.id, slot FROM unnest(slots) AS slot
+    -- A slot fires at its jitter offset: one whose instant is still ahead waits for it.
+    INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, not_before)
+    SELECT s.id, f.slot, f.fire_at, CASE WHEN f.fire_at > horizon THEN f.fire_at END
+    FROM (SELECT slot, slot + dispatch.jitter_offset(s.id, slot, s.jitter) AS fire_at FROM unnest(slots) AS slot) f
     ON CONFLICT DO NOTHING;
     target := slots[cardinality(slots)];
     UPDATE dispatch.schedules
@@ -303,9 +308,9 @@ BEGIN
     -- buffer full).
     BEGIN
         WITH due AS MATERIALIZED (
-            SELECT s.id, s.next_run_at, s.cron_spec, s.timezone, s.catchup,
+            SELECT s.id, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
                    s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
-                   AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace) AS plain
+                   AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter) AS plain
             FROM dispatch.schedules s
             LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
             CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
@@ -315,19 +320,30 @@ BEGIN
               AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
             FOR NO KEY UPDATE OF s SKIP LOCKED
         ), slot AS (
-            -- The slot to run: next_run_at when on time (slots are at least a minute apart, so none
-            -- was missed) or under catchup all (the oldest first); under catchup latest, the most
-            -- recent slot due, the missed ones coalesced into it.
+            -- The slot to run: next_run_at when on time (cron slots are at least a minute apart,
+            -- interval slots every_us, so none was missed) or under catchup all (the oldest
+            -- first); under catchup latest, the most recent slot due, the missed ones coalesced
+            -- into it.
             SELECT d.id, d.next_run_at AS due_at,
-                   CASE WHEN d.next_run_at > horizon - interval '1 minute' OR d.catchup = 'all' THEN d.next_run_at
+                   CASE WHEN horizon - d.next_run_at < coalesce((d.cron_spec).every_us * interval '1 microsecond',
+                                                                interval '1 minute')
+                             OR d.catchup = 'all' THEN d.next_run_at
                         ELSE coalesce(dispatch._cron_latest(d.cron_spec, d.next_run_at - interval '1 microsecond',
                                                             horizon, d.timezone),
                                       d.next_run_at)
-                   END AS scheduled_for
+                   END AS scheduled_for,
+                   d.jitter
             FROM due d WHERE d.plain
+        ), fire AS (
+            SELECT x.id, x.scheduled_for,
+                   x.scheduled_for + CASE WHEN x.jitter > interval '0'
+                                          THEN dispatch.jitter_offset(x.id, x.scheduled_for, x.jitter)
+                                          ELSE interval '0' END AS fire_at
+            FROM slot x
         ), new_runs AS (
-            INSERT INTO dispatch.runs (schedule_id, scheduled_for)
-            SELECT x.id, x.scheduled_for FROM slot x
+            -- a slot whose jittered instant is still ahead waits for it (not_before)
+            INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, not_before)
+            SELECT f.id, f.scheduled_for, f.fire_at, CASE WHEN f.fire_at > horizon THEN f.fire_at END FROM fire f
             ON CONFLICT DO NOTHING  -- cannot happen given the above; never an error if it did
             RETURNING 1
         ), coalesced AS (

@@ -16,7 +16,8 @@ RETURNS TABLE (
     scheduled_for timestamptz,
     attempt       integer,
     lease_until   timestamptz,
-    timeout       interval
+    timeout       interval,
+    fire_at       timestamptz
 )
 -- PL/pgSQL rather than SQL: PostgreSQL plans a (non-inlined) SQL function on every call, and
 -- planning these statements costs more than running them.
@@ -32,8 +33,8 @@ DECLARE
     stale_ids bigint[];
     more_stale bigint[];
 BEGIN
-    -- Two queues, each read oldest first: retries whose back-off is over, then runs marked for
-    -- their slot. A run another transaction holds is skipped, so concurrent claims never get the
+    -- Two queues, each read oldest first: runs whose not_before is over (retries after their
+    -- back-off, slots that waited for their jittered instant), then runs marked for their slot. A run another transaction holds is skipped, so concurrent claims never get the
     -- same run and never wait.
     --
     -- Some runs are not handed out. A retry that can no longer start before its schedule's
@@ -46,7 +47,8 @@ BEGIN
     INTO live_ids, late_ids, stale_ids
     FROM (SELECT r.id,
                  CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
-                      WHEN r.kind = 'scheduled'
+                      WHEN dispatch._missed(r, s) THEN 'stale'
+                      WHEN r.kind = 'scheduled' AND r.attempt > 0
                            AND now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
                       ELSE 'live' END AS state
           FROM dispatch.runs r
@@ -97,8 +99,9 @@ BEGIN
     FROM dispatch.schedules s
     WHERE r.id = ANY (live_ids) AND s.id = r.schedule_id
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
-              r.request_id, r.scheduled_for, r.attempt, r.lease_until, coalesce(s.timeout, claim_runs.default_timeout);
+              r.request_id, r.scheduled_for, r.attempt, r.lease_until,
+              coalesce(s.timeout, claim_runs.default_timeout), r.fire_at;
 END
 $$;
 COMMENT ON FUNCTION dispatch.claim_runs(text, integer, interval, interval) IS
-    'Move up to max_runs pending runs of live schedules to running for worker and return what is needed to invoke them: retries whose back-off is over first, then runs in slot order (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits). attempt is the fencing token to pass to complete_runs or release_runs. timeout is the invocation timeout to apply: the schedule''s, else default_timeout (the caller''s). lease_until is now + lease, plus the schedule''s timeout minus default_timeout when the schedule has its own: give lease = default_timeout plus a margin. Runs that must not start end instead: a retry past the next slot (error), a first attempt past misfire_grace, a run of a stopped schedule (skipped).';
+    'Move up to max_runs pending runs of live schedules to running for worker and return what is needed to invoke them (fire_at: the instant the run fires at, its slot plus the schedule''s jitter offset): runs whose not_before is over first (retries, slots that waited for their jittered instant), then runs in slot order (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits). attempt is the fencing token to pass to complete_runs or release_runs. timeout is the invocation timeout to apply: the schedule''s, else default_timeout (the caller''s). lease_until is now + lease, plus the schedule''s timeout minus default_timeout when the schedule has its own: give lease = default_timeout plus a margin. Runs that must not start end instead: a retry past the next slot (error), a first attempt past misfire_grace, a run of a stopped schedule (skipped).';

@@ -28,7 +28,11 @@ SELECT s.id,
        s.overlap,
        coalesce(open.runs, 0) AS open_runs,
        open.attempt AS current_attempt,
-       open.next_retry_at
+       open.next_retry_at,
+       s.every,
+       s.anchor,
+       s.jitter,
+       s.next_run_at + dispatch.jitter_offset(s.id, s.next_run_at, s.jitter) AS next_fire_at
 FROM dispatch.schedules s
 LEFT JOIN LATERAL (
     -- the oldest open run; overlap buffer_one and allow may have more
@@ -48,7 +52,7 @@ LEFT JOIN LATERAL (
 ) fails ON true
 WHERE s.deleted_at IS NULL;
 COMMENT ON VIEW dispatch.schedule_status IS
-    'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), and its run policies.';
+    'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), its run policies, its interval (every, anchor) when it has no cron_expression, its jitter, and the instant its next slot fires at (next_fire_at: next_run_at plus the jitter offset).';
 
 CREATE OR REPLACE VIEW dispatch.recent_failures AS
 SELECT r.finished_at,

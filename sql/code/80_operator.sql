@@ -117,8 +117,8 @@ BEGIN
 
     -- Due at the instant of the call, with its own request id; the schedule's slots stay as
     -- they are (dispatch._advance_schedules leaves them to scheduled runs).
-    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, kind, not_before)
-    VALUES (s.id, clock_timestamp(), 'manual',
+    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, kind, not_before)
+    VALUES (s.id, clock_timestamp(), clock_timestamp(), 'manual',
             CASE WHEN s.overlap = 'buffer_one' AND open_run.id IS NOT NULL THEN timestamptz 'infinity' END)
     RETURNING r.* INTO run;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -159,8 +159,8 @@ BEGIN
                                                upto - interval '1 microsecond', s.timezone, 10000));
     -- Each waits its turn (not_before infinity): dispatch._follow_up lets one go at a time,
     -- oldest first, whenever nothing else of the schedule is open.
-    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, kind, not_before)
-    SELECT s.id, slot, 'backfill', 'infinity'
+    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, kind, not_before)
+    SELECT s.id, slot, slot, 'backfill', 'infinity'
     FROM unnest(slots) AS slot
     WHERE NOT EXISTS (SELECT 1 FROM dispatch.runs x WHERE x.schedule_id = s.id AND x.scheduled_for = slot)
     ON CONFLICT DO NOTHING;

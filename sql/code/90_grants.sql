@@ -43,6 +43,10 @@ GRANT EXECUTE ON FUNCTION
     dispatch._cron_match_from(dispatch.cron_spec, timestamp),
     dispatch._tz_transition(timestamptz, timestamptz, text),
     dispatch._timezone_names(),
+    dispatch.every_spec(interval, timestamptz),
+    dispatch._every_slot(dispatch.cron_spec, numeric),
+    dispatch._every_index(dispatch.cron_spec, timestamptz),
+    dispatch.jitter_offset(uuid, timestamptz, interval),
     dispatch.schema_version()
 TO dispatch_listener, dispatch_reader, dispatch_admin;
 
@@ -67,10 +71,10 @@ GRANT SELECT ON ALL TABLES IN SCHEMA dispatch TO dispatch_reader;
 -- soft delete (invariant 4).
 GRANT dispatch_reader TO dispatch_admin;
 GRANT INSERT (id, project_id, function_name, cron_expression, timezone, args, enabled, max_attempts, retry_backoff,
-              retry_backoff_max, timeout, misfire_grace, catchup, overlap)
+              retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter)
     ON dispatch.schedules TO dispatch_admin;
 GRANT UPDATE (project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, max_attempts,
-              retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap)
+              retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter)
     ON dispatch.schedules TO dispatch_admin;
 GRANT DELETE ON dispatch.schedules TO dispatch_admin;
 GRANT UPDATE ON dispatch.settings TO dispatch_admin;

@@ -30,6 +30,7 @@ def make_run(**overrides: Any) -> Run:
         "run_id": 42, "schedule_id": "7f0c7d5e-4a55-4c39-9c4e-0d8f3a7e5b11", "project_id": "acme",
         "function_name": "send-report", "args": {"to": "ops", "n": 1}, "request_id": "sched_abc",
         "scheduled_for": datetime(2025, 3, 30, 1, 0, tzinfo=UTC), "attempt": 2,
+        "fire_at": datetime(2025, 3, 30, 1, 4, 7, 250000, tzinfo=UTC),
         "lease_until": datetime(2025, 3, 30, 1, 1, tzinfo=UTC), "lease_deadline": time.monotonic() + 60,
     }
     return Run(**{**values, **overrides})
@@ -42,7 +43,8 @@ def test_request_shape() -> None:
     assert json.loads(request.body) == {
         "args": {"to": "ops", "n": 1},
         "invoker": {"kind": "schedule", "scheduleId": "7f0c7d5e-4a55-4c39-9c4e-0d8f3a7e5b11", "runId": 42,
-                    "scheduledFor": "2025-03-30T01:00:00.000Z", "attempt": 2},
+                    "scheduledFor": "2025-03-30T01:00:00.000Z", "fireAt": "2025-03-30T01:04:07.250Z",
+                    "attempt": 2},
     }
     assert request.headers == {
         "Content-Type": "application/json",
