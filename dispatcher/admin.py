@@ -9,51 +9,46 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-import uuid
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from dispatcher import schedule_verbs
 from dispatcher.console import (
     CommandError,
+    UsageError,
     add_connection_arguments,
     connect,
     format_value,
     print_json,
     print_table,
 )
+from dispatcher.durations import format_duration, parse_duration
+from dispatcher.schedule_rows import SCHEDULE, database_error, load, parse_schedule_id
 
-__all__ = ["add_commands", "fire_times"]
+__all__ = ["add_commands"]
 
 PREVIEW = 5
 RUN_STATUSES = ("pending", "running", "ok", "error", "skipped", "lost")
 
-_SCHEDULE = """
-SELECT s.id, s.project_id, s.function_name, s.cron_expression, s.timezone, s.args,
-       CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted' WHEN s.paused_at IS NOT NULL THEN 'paused'
-            WHEN s.enabled THEN 'enabled' ELSE 'disabled' END
-           AS state,
-       s.next_run_at, s.last_run_at, s.last_status, s.last_error, s.max_attempts, s.retry_backoff,
-       s.retry_backoff_max, s.timeout, s.misfire_grace, s.catchup, s.overlap,
-       coalesce(st.consecutive_failures, 0) AS consecutive_failures, st.current_run_status,
-       st.current_attempt, coalesce(st.open_runs, 0) AS open_runs, st.next_retry_at,
-       st.overdue_by, s.paused_at, s.paused_by, s.paused_reason, s.created_at, s.updated_at, s.deleted_at
-FROM dispatch.schedules s
-LEFT JOIN dispatch.schedule_status st ON st.id = s.id
-"""
-
+# The next slots of a schedule by its own rule (cron or interval) and the instants they fire at
+# (its jitter), computed in SQL exactly as the dispatcher does; from now when it has no next slot.
 _FIRE_TIMES = """
-WITH RECURSIVE fire(n, at) AS (
-    SELECT 1, coalesce(%(first)s, dispatch.cron_next(%(expr)s, now(), %(tz)s))
+WITH RECURSIVE slot(n, at) AS (
+    SELECT 1, coalesce(s.next_run_at, dispatch.cron_spec_next(s.cron_spec, now(), s.timezone))
+    FROM dispatch.schedules s WHERE s.id = %(id)s
   UNION ALL
-    SELECT n + 1, dispatch.cron_next(%(expr)s, at, %(tz)s) FROM fire WHERE n < %(count)s
+    SELECT n + 1, dispatch.cron_spec_next(s.cron_spec, slot.at, s.timezone)
+    FROM slot JOIN dispatch.schedules s ON s.id = %(id)s
+    WHERE n < %(count)s
 )
-SELECT at, at AT TIME ZONE %(tz)s AS local_time,
-       (at AT TIME ZONE %(tz)s) - (at AT TIME ZONE 'UTC') AS utc_offset
-FROM fire ORDER BY n
+SELECT slot.at, slot.at + dispatch.jitter_offset(s.id, slot.at, s.jitter) AS fire_at,
+       slot.at AT TIME ZONE s.timezone AS local_time,
+       (slot.at AT TIME ZONE s.timezone) - (slot.at AT TIME ZONE 'UTC') AS utc_offset, s.timezone
+FROM slot JOIN dispatch.schedules s ON s.id = %(id)s
+ORDER BY slot.n
 """
 
 _RUNS = """
@@ -70,8 +65,8 @@ LIMIT %(limit)s
 """
 
 _LIST_COLUMNS = [("id", "id"), ("project_id", "project"), ("function_name", "function"),
-                 ("cron_expression", "cron"), ("timezone", "zone"), ("state", "state"),
-                 ("next_run_at", "next run (UTC)"), ("last_status", "last"),
+                 ("slots", "slots"), ("timezone", "zone"), ("jitter_text", "jitter"), ("state_text", "state"),
+                 ("next_fire_at", "next fire (UTC)"), ("last_status", "last"),
                  ("consecutive_failures", "failures")]
 _RUN_COLUMNS = [("id", "run"), ("project_id", "project"), ("function_name", "function"),
                 ("scheduled_for", "slot (UTC)"), ("status", "status"), ("attempt", "try"),
@@ -103,56 +98,54 @@ def _offset(value: timedelta) -> str:
     return f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
 
 
-def fire_times(conn: psycopg.Connection[dict[str, Any]], expr: str, tz: str, *,
-               first: Any = None, count: int = PREVIEW) -> list[dict[str, Any]]:
-    """The next `count` fire times (from `first`, else from now), each as UTC and local time."""
-    rows = conn.execute(_FIRE_TIMES, {"first": first, "expr": expr, "tz": tz, "count": count}).fetchall()
+def _fire_times(conn: psycopg.Connection[dict[str, Any]], sid: str,
+                count: int = PREVIEW) -> list[dict[str, Any]]:
+    """The schedule's next `count` slots, each as UTC and local time, with the instant it fires at."""
+    rows = conn.execute(_FIRE_TIMES, {"id": sid, "count": count}).fetchall()
     return [
-        {"at": row["at"], "local": f"{row['local_time']:%Y-%m-%dT%H:%M:%S}{_offset(row['utc_offset'])}",
-         "weekday": f"{row['local_time']:%a}", "timezone": tz}
+        {"at": row["at"], "fire_at": row["fire_at"],
+         "local": f"{row['local_time']:%Y-%m-%dT%H:%M:%S}{_offset(row['utc_offset'])}",
+         "weekday": f"{row['local_time']:%a}", "timezone": row["timezone"]}
         for row in rows
     ]
 
 
-def _schedule_id(text: str) -> str:
-    try:
-        return str(uuid.UUID(text))
-    except ValueError:
-        raise CommandError(f"{text!r} is not a schedule id (a UUID, as `pgdispatch schedules list` shows)") \
-            from None
+def _slots(schedule: dict[str, Any]) -> str:
+    """How a schedule's slots are given: its cron expression, or `every 30s`."""
+    if schedule["every"] is None:
+        return str(schedule["cron_expression"])
+    return f"every {format_duration(schedule['every'])}"
 
 
-def _database_error(exc: psycopg.Error) -> CommandError:
-    diag = exc.diag
-    message = diag.message_primary or " ".join(str(exc).split())
-    for extra in (diag.message_detail, diag.message_hint):
-        if extra:
-            message += f" ({extra})"
-    return CommandError(message)
-
-
-def _load(conn: psycopg.Connection[dict[str, Any]], schedule_id: str) -> dict[str, Any]:
-    row = conn.execute(_SCHEDULE + " WHERE s.id = %s", (schedule_id,)).fetchone()
-    if row is None:
-        raise CommandError(f"no schedule {schedule_id}")
-    return row
+def _list_row(schedule: dict[str, Any]) -> dict[str, Any]:
+    """A schedule as one line of `schedules list`: who paused it and why in its state."""
+    state = schedule["state"]
+    if state == "paused":
+        why = f": {schedule['paused_reason']}" if schedule["paused_reason"] else ""
+        state = f"paused by {schedule['paused_by']}{why}"
+    return {**schedule, "slots": _slots(schedule), "state_text": state,
+            "timezone": None if schedule["every"] is not None else schedule["timezone"],
+            "jitter_text": format_duration(schedule["jitter"]) if schedule["jitter"] else None}
 
 
 def _details(conn: psycopg.Connection[dict[str, Any]], schedule: dict[str, Any]) -> dict[str, Any]:
     preview: list[dict[str, Any]] = []
     if schedule["state"] != "deleted":
-        preview = fire_times(conn, schedule["cron_expression"], schedule["timezone"],
-                             first=schedule["next_run_at"])
+        preview = _fire_times(conn, str(schedule["id"]))
     runs = conn.execute(_RUNS, {"schedule": schedule["id"], "statuses": None, "limit": PREVIEW}).fetchall()
     return {"schedule": schedule, "next_fire_times": preview, "recent_runs": runs}
 
 
 def _print_details(details: dict[str, Any]) -> None:
     schedule = details["schedule"]
+    interval = schedule["every"] is not None
     fields = [("id", "id"), ("project_id", "project"), ("function_name", "function"),
-              ("cron_expression", "cron"), ("timezone", "time zone"), ("args", "args"), ("state", "state"),
+              *([("every", "every"), ("anchor", "anchor")] if interval
+                else [("cron_expression", "cron"), ("timezone", "time zone")]),
+              ("jitter", "jitter"), ("args", "args"), ("state", "state"),
               ("paused_at", "paused at"), ("paused_by", "paused by"), ("paused_reason", "pause reason"),
-              ("next_run_at", "next run"), ("last_run_at", "last run"), ("last_status", "last status"),
+              ("next_run_at", "next run"), ("next_fire_at", "fires at"), ("last_run_at", "last run"),
+              ("last_status", "last status"),
               ("last_error", "last error"), ("consecutive_failures", "failures in a row"),
               ("current_run_status", "run in flight"), ("current_attempt", "attempts so far"),
               ("open_runs", "open runs"), ("next_retry_at", "next retry"), ("overdue_by", "overdue by"),
@@ -162,9 +155,14 @@ def _print_details(details: dict[str, Any]) -> None:
               ("catchup", "catch-up"), ("overlap", "overlap"), ("created_at", "created"),
               ("updated_at", "updated"), ("deleted_at", "deleted")]
     optional = ("deleted_at", "overdue_by", "current_run_status", "current_attempt", "next_retry_at",
-                "paused_at", "paused_by", "paused_reason")
+                "paused_at", "paused_by", "paused_reason", "next_fire_at")
     for key, label in fields:
         if key in optional and schedule[key] is None:
+            continue
+        if key == "next_fire_at" and schedule[key] == schedule["next_run_at"]:
+            continue
+        if key in ("every", "jitter"):
+            print(f"{label + ':':<19}{format_duration(schedule[key])}")
             continue
         if key == "open_runs" and schedule[key] < 2:
             continue
@@ -174,26 +172,46 @@ def _print_details(details: dict[str, Any]) -> None:
         print(f"{label + ':':<19}{format_value(schedule[key])}")
     if details["next_fire_times"]:
         note = "" if schedule["state"] == "enabled" else " (if it were enabled now)"
-        print(f"\nnext {len(details['next_fire_times'])} fire times in {schedule['timezone']}{note}:")
+        where = "" if interval else f" in {schedule['timezone']}"
+        print(f"\nnext {len(details['next_fire_times'])} slots{where}{note}:")
         for fire in details["next_fire_times"]:
-            print(f"  {fire['weekday']} {fire['local'].replace('T', ' ')}   {format_value(fire['at'])}")
+            local = "" if interval else f"{fire['weekday']} {fire['local'].replace('T', ' ')}   "
+            jittered = f"   fires {format_value(fire['fire_at'])}" if fire["fire_at"] != fire["at"] else ""
+            print(f"  {local}{format_value(fire['at'])}{jittered}")
     print("\nrecent runs:")
     print_table(details["recent_runs"], _RUN_COLUMNS)
 
 
 # -- commands --------------------------------------------------------------------------------
 
-def _add(args: argparse.Namespace) -> int:
+def _json_args(text: str) -> str:
     try:
-        parsed = json.loads(args.args)
+        parsed = json.loads(text)
     except ValueError as exc:
-        raise CommandError(f"--args is not JSON: {exc}") from None
+        raise UsageError(f"--args is not JSON: {exc}") from None
     if not isinstance(parsed, dict):
-        raise CommandError("--args must be a JSON object, such as '{\"to\": \"ops@example.com\"}'")
+        raise UsageError("--args must be a JSON object, such as '{\"to\": \"ops@example.com\"}'")
+    return json.dumps(parsed)
+
+
+def _slot_values(args: argparse.Namespace) -> dict[str, Any]:
+    """--cron or --every (the other one cleared), --anchor, --jitter: those given, by column."""
+    values: dict[str, Any] = {}
+    if args.cron is not None:
+        values |= {"cron_expression": args.cron, "every": None}
+    if args.every is not None:
+        values |= {"every": args.every, "cron_expression": None}
+    if args.anchor is not None:
+        values["anchor"] = args.anchor
+    if args.jitter is not None:
+        values["jitter"] = args.jitter
+    return values
+
+
+def _add(args: argparse.Namespace) -> int:
     values: dict[str, Any] = {"project_id": args.project, "function_name": args.function,
-                              "cron_expression": args.cron, "timezone": args.timezone,
-                              "args": json.dumps(parsed), "enabled": not args.disabled,
-                              **_policy_values(args)}
+                              "timezone": args.timezone, "args": _json_args(args.args),
+                              "enabled": not args.disabled, **_slot_values(args), **_policy_values(args)}
     query = sql.SQL("INSERT INTO dispatch.schedules ({}) VALUES ({}) RETURNING id").format(
         sql.SQL(", ").join(map(sql.Identifier, values)), sql.SQL(", ").join(map(sql.Placeholder, values)))
     with connect(args) as conn:
@@ -201,9 +219,9 @@ def _add(args: argparse.Namespace) -> int:
             row = conn.execute(query, values).fetchone()
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
             # the trigger's 22023 (cron, zone, name, policies), a CHECK, an interval PostgreSQL cannot read
-            raise _database_error(exc) from None
+            raise database_error(exc) from None
         assert row is not None
-        details = _details(conn, _load(conn, str(row["id"])))
+        details = _details(conn, load(conn, str(row["id"])))
     if args.json:
         print_json(details)
     else:
@@ -226,22 +244,18 @@ def _policy_values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _update(args: argparse.Namespace) -> int:
-    schedule_id = _schedule_id(args.id)
-    values: dict[str, Any] = {column: getattr(args, column) for column in ("cron_expression", "timezone")
-                              if getattr(args, column) is not None}
+    schedule_id = parse_schedule_id(args.id)
+    values: dict[str, Any] = _slot_values(args)
+    if args.timezone is not None:
+        values["timezone"] = args.timezone
     if args.args is not None:
-        try:
-            parsed = json.loads(args.args)
-        except ValueError as exc:
-            raise CommandError(f"--args is not JSON: {exc}") from None
-        if not isinstance(parsed, dict):
-            raise CommandError("--args must be a JSON object")
-        values["args"] = json.dumps(parsed)
+        values["args"] = _json_args(args.args)
     values |= _policy_values(args)
     if not values:
-        raise CommandError("nothing to change: give --cron, --timezone, --args or a policy flag")
+        raise UsageError("nothing to change: give --cron, --every, --anchor, --jitter, --timezone, --args"
+                         " or a policy flag")
     with connect(args) as conn:
-        schedule = _load(conn, schedule_id)
+        schedule = load(conn, schedule_id)
         if schedule["state"] == "deleted":
             deleted_at = format_value(schedule["deleted_at"])
             raise CommandError(f"schedule {schedule_id} is deleted (at {deleted_at})")
@@ -252,14 +266,28 @@ def _update(args: argparse.Namespace) -> int:
         try:
             conn.execute(query, {**values, "id": schedule_id})
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-            raise _database_error(exc) from None
-        details = _details(conn, _load(conn, schedule_id))
+            raise database_error(exc) from None
+        details = _details(conn, load(conn, schedule_id))
     if args.json:
         print_json(details)
     else:
         print(f"updated schedule {schedule_id}")
         _print_details(details)
     return 0
+
+
+def _add_slot_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    group = parser.add_argument_group("slots (one of --cron and --every)")
+    kind = group.add_mutually_exclusive_group(required=required)
+    kind.add_argument("--cron", help="5-field cron expression or macro, e.g. '30 2 * * *'")
+    kind.add_argument("--every", type=parse_duration, metavar="DURATION",
+                      help="an interval schedule instead: slots this far apart in real time, at least 1s "
+                           "(e.g. 30s, 5m, 1h30m)")
+    group.add_argument("--anchor", metavar="TIMESTAMP",
+                       help="with --every: the instant slots are counted from (default: when it was added)")
+    group.add_argument("--jitter", type=parse_duration, metavar="DURATION",
+                       help="fire each slot at a fixed offset in [0, DURATION) after it, the same for every "
+                            "tick, to spread schedules that share a slot (e.g. 5m; default 0s)")
 
 
 def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -281,7 +309,7 @@ def _list(args: argparse.Namespace) -> int:
              "(%(function)s::text IS NULL OR s.function_name = %(function)s::text)"]
     if args.failing:
         where.append("st.consecutive_failures > 0")
-    query = (_SCHEDULE + " WHERE " + " AND ".join(where)
+    query = (SCHEDULE + " WHERE " + " AND ".join(where)
              + " ORDER BY s.project_id, s.function_name, s.created_at, s.id LIMIT %(limit)s")
     with connect(args) as conn:
         rows = conn.execute(query, {"deleted": args.deleted, "project": args.project,
@@ -289,14 +317,14 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
     else:
-        print_table(rows, _LIST_COLUMNS, empty="no schedules")
+        print_table([_list_row(row) for row in rows], _LIST_COLUMNS, empty="no schedules")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    schedule_id = _schedule_id(args.id)
+    schedule_id = parse_schedule_id(args.id)
     with connect(args) as conn:
-        details = _details(conn, _load(conn, schedule_id))
+        details = _details(conn, load(conn, schedule_id))
     if args.json:
         print_json(details)
     else:
@@ -305,18 +333,18 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _change(args: argparse.Namespace) -> int:
-    schedule_id = _schedule_id(args.id)
+    schedule_id = parse_schedule_id(args.id)
     assignment = {"enable": "enabled = true", "disable": "enabled = false",
                   "delete": "deleted_at = now()"}[args.action]
     with connect(args) as conn:
-        schedule = _load(conn, schedule_id)
+        schedule = load(conn, schedule_id)
         if schedule["state"] == "deleted":
             deleted_at = format_value(schedule["deleted_at"])
             raise CommandError(f"schedule {schedule_id} is deleted (at {deleted_at})")
         # An update that changes nothing would still count as an edit (audit row, updated_at).
         if (args.action, schedule["state"]) not in (("enable", "enabled"), ("disable", "disabled")):
             conn.execute(f"UPDATE dispatch.schedules SET {assignment} WHERE id = %s", (schedule_id,))
-        schedule = _load(conn, schedule_id)
+        schedule = load(conn, schedule_id)
     if args.json:
         print_json(schedule)
     else:
@@ -326,104 +354,13 @@ def _change(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pause_or_resume(args: argparse.Namespace) -> int:
-    schedule_id = _schedule_id(args.id)
-    with connect(args) as conn:
-        _load(conn, schedule_id)
-        try:
-            if args.action == "pause":
-                conn.execute("SELECT dispatch.pause(%s, %s)", (schedule_id, args.reason))
-            else:
-                conn.execute("SELECT dispatch.resume(%s)", (schedule_id,))
-        except psycopg.Error as exc:
-            raise _database_error(exc) from None
-        schedule = _load(conn, schedule_id)
-    if args.json:
-        print_json(schedule)
-    elif args.action == "pause":
-        why = f" ({schedule['paused_reason']})" if schedule["paused_reason"] else ""
-        print(f"schedule {schedule_id} {schedule['project_id']}/{schedule['function_name']} paused"
-              f" by {schedule['paused_by']}{why}")
-    else:
-        print(f"schedule {schedule_id} {schedule['project_id']}/{schedule['function_name']} resumed;"
-              f" next run {format_value(schedule['next_run_at'])}")
-    return 0
-
-
-_FINISHED = ("ok", "error", "skipped", "lost")
-
-
-def _run_now(args: argparse.Namespace) -> int:
-    schedule_id = _schedule_id(args.id)
-    with connect(args) as conn:
-        _load(conn, schedule_id)
-        try:
-            run_id = conn.execute("SELECT dispatch.run_now(%s) AS id", (schedule_id,)).fetchone()["id"]  # type: ignore[index]
-        except psycopg.Error as exc:
-            raise _database_error(exc) from None
-        run = _run_row(conn, run_id)
-        if not args.wait:
-            if args.json:
-                print_json(run)
-            else:
-                print(f"run {run_id} of schedule {schedule_id}: {run['status']}")
-            return 0
-        if not args.json:
-            print(f"run {run_id} of schedule {schedule_id}: waiting for its outcome", flush=True)
-        deadline = time.monotonic() + args.wait_timeout
-        while run["status"] not in _FINISHED:
-            if time.monotonic() > deadline:
-                raise CommandError(f"run {run_id} is still {run['status']} after {args.wait_timeout:g} s"
-                                   " (is a listener running?)")
-            time.sleep(0.1)
-            run = _run_row(conn, run_id)
-    if args.json:
-        print_json(run)
-    else:
-        error = f": {run['error']}" if run["error"] else ""
-        http = f", HTTP {run['http_status']}" if run["http_status"] is not None else ""
-        print(f"run {run_id}: {run['status']} after {run['attempt']} attempt(s){http}{error}")
-    return 0 if run["status"] == "ok" else 1
-
-
-def _backfill(args: argparse.Namespace) -> int:
-    schedule_id = _schedule_id(args.id)
-    with connect(args) as conn:
-        _load(conn, schedule_id)
-        notices: list[str] = []
-        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
-        try:
-            row = conn.execute("SELECT dispatch.backfill(%s, %s::timestamptz, %s::timestamptz) AS marked,"
-                               " %s::timestamptz AS from_ts, %s::timestamptz AS to_ts",
-                               (schedule_id, args.from_ts, args.to_ts, args.from_ts, args.to_ts)).fetchone()
-        except psycopg.Error as exc:
-            raise _database_error(exc) from None
-    assert row is not None
-    if args.json:
-        print_json({"schedule_id": schedule_id, **row, "notices": notices})
-    else:
-        print(f"schedule {schedule_id}: {row['marked']} slots from {format_value(row['from_ts'])}"
-              f" to {format_value(row['to_ts'])} marked for backfill; they run one at a time, oldest first")
-        for notice in notices:
-            print(notice)
-    return 0
-
-
-def _run_row(conn: psycopg.Connection[dict[str, Any]], run_id: int) -> dict[str, Any]:
-    row = conn.execute("SELECT id, schedule_id, kind, status, attempt, request_id, scheduled_for,"
-                       " finished_at, http_status, duration_ms, error FROM dispatch.runs WHERE id = %s",
-                       (run_id,)).fetchone()
-    assert row is not None
-    return row
-
-
 def _runs(args: argparse.Namespace) -> int:
     statuses: list[str] | None = None
     if args.failed:
         statuses = ["error", "lost"]
     if args.status:
         statuses = sorted(set(args.status) & set(statuses)) if statuses else args.status
-    schedule_id = _schedule_id(args.schedule) if args.schedule else None
+    schedule_id = parse_schedule_id(args.schedule) if args.schedule else None
     with connect(args) as conn:
         params = {"schedule": schedule_id, "statuses": statuses, "limit": args.limit}
         rows = conn.execute(_RUNS, params).fetchall()
@@ -454,7 +391,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                              description="Add a schedule; prints it with its next 5 fire times.")
     add.add_argument("--project", required=True, help="project id (1-200 characters, no whitespace or /)")
     add.add_argument("--function", required=True, help="function name, as in the invoke URL")
-    add.add_argument("--cron", required=True, help="5-field cron expression or macro, e.g. '30 2 * * *'")
+    _add_slot_arguments(add, required=True)
     add.add_argument("--timezone", default="UTC", help="IANA time zone of the expression (default UTC)")
     add.add_argument("--args", default="{}", help="JSON object sent as the request's args (default {})")
     add.add_argument("--disabled", action="store_true", help="add it paused")
@@ -465,7 +402,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     update = actions.add_parser("update", help="change a schedule's expression, zone, args or run policies",
                                 description="Change what is given, nothing else; prints the schedule.")
     update.add_argument("id", help="schedule id")
-    update.add_argument("--cron", dest="cron_expression", help="5-field cron expression or macro")
+    _add_slot_arguments(update, required=False)
     update.add_argument("--timezone", help="IANA time zone of the expression")
     update.add_argument("--args", help="JSON object sent as the request's args")
     _add_policy_arguments(update)
@@ -495,41 +432,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         add_connection_arguments(parser)
         parser.set_defaults(handler=_change)
 
-    pause = actions.add_parser("pause", help="pause a schedule, with a reason (dispatch.pause)",
-                               description="Pause a schedule: nothing fires until it is resumed; the reason "
-                                           "and your role are recorded.")
-    pause.add_argument("id", help="schedule id")
-    pause.add_argument("--reason", help="why (at most 500 characters), shown by schedules show")
-    add_connection_arguments(pause)
-    pause.set_defaults(handler=_pause_or_resume)
-    resume = actions.add_parser("resume", help="resume a paused schedule (dispatch.resume)",
-                                description="Resume a paused schedule from its first slot after now; the "
-                                            "slots of the pause are not caught up.")
-    resume.add_argument("id", help="schedule id")
-    add_connection_arguments(resume)
-    resume.set_defaults(handler=_pause_or_resume)
-    run = actions.add_parser("run", help="invoke a schedule's function now (dispatch.run_now)",
-                             description="Invoke a schedule's function now, outside its slots (a manual run "
-                                         "with its own request id); prints the run id. With --wait, waits "
-                                         "for its outcome and exits 1 unless it is ok.")
-    run.add_argument("id", help="schedule id")
-    run.add_argument("--wait", action="store_true", help="wait for the run's outcome and print it")
-    run.add_argument("--wait-timeout", type=float, default=300, metavar="SECONDS",
-                     help="give up waiting after this long (default 300)")
-    add_connection_arguments(run)
-    run.set_defaults(handler=_run_now)
-
-    backfill = actions.add_parser("backfill", help="run past slots in a range (dispatch.backfill)",
-                                  description="Mark each slot of the schedule in [--from, --to) that has no "
-                                              "run yet; they run one at a time, oldest first, its own slots "
-                                              "going first. At most 10,000 a call.")
-    backfill.add_argument("id", help="schedule id")
-    backfill.add_argument("--from", dest="from_ts", required=True, metavar="TIMESTAMP",
-                          help="first instant, e.g. 2026-11-30T00:00Z (included)")
-    backfill.add_argument("--to", dest="to_ts", required=True, metavar="TIMESTAMP",
-                          help="last instant (excluded); never past now or the schedule's next slot")
-    add_connection_arguments(backfill)
-    backfill.set_defaults(handler=_backfill)
+    schedule_verbs.add_commands(actions)
 
     runs = commands.add_parser("runs", help="recent runs",
                                description="Runs from dispatch.runs, newest first.")

@@ -11,12 +11,13 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import psycopg
 
 from dispatcher import __version__, admin, demo_function, doctor
 from dispatcher.config import OPTIONS, ConfigError, load_settings, resolve_database_url
-from dispatcher.console import CommandError, add_connection_arguments, print_json
+from dispatcher.console import CommandError, UsageError, add_connection_arguments, print_json
 from dispatcher.migrations import install
 
 __all__ = ["main"]
@@ -24,8 +25,15 @@ __all__ = ["main"]
 logger = logging.getLogger("dispatcher")
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error in one line, with where to read more (argparse prints the whole usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pgdispatch", description=__doc__)
+    parser: argparse.ArgumentParser = _Parser(prog="pgdispatch", description=__doc__)
     parser.add_argument("--version", action="version", version=f"pgdispatch {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -125,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     name = " ".join(part for part in (args.command, getattr(args, "action", None)) if part)
     try:
         status: int = args.handler(args)
-    except ConfigError as exc:
+    except (ConfigError, UsageError) as exc:
         print(f"pgdispatch {name}: {exc}", file=sys.stderr)
         return 2
     except CommandError as exc:

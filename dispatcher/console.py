@@ -20,6 +20,7 @@ from dispatcher.config import resolve_database_url
 __all__ = [
     "APPLICATION_NAME",
     "CommandError",
+    "UsageError",
     "add_connection_arguments",
     "connect",
     "format_value",
@@ -35,6 +36,11 @@ CONNECT_TIMEOUT_S = 10
 
 class CommandError(Exception):
     """A command could not do what it was asked; the message says why (exit status 1)."""
+
+
+class UsageError(CommandError):
+    """What the command was given cannot be done by anyone: an unknown id, a value the database
+    refuses, a reversed range (exit status 2, like argparse's own usage errors)."""
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser, *, json_output: bool = True) -> None:

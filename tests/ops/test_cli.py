@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections.abc import Callable
@@ -105,12 +106,13 @@ def test_schedules_lifecycle(cli: Callable[..., Result], db: psycopg.Connection)
     table = cli("schedules", "list")
     assert table.code == 0
     header, line = table.out.splitlines()
-    assert header.split()[:4] == ["ID", "PROJECT", "FUNCTION", "CRON"]
-    assert line.startswith(f"{sid}  acme     nightly-report  30 2 * * *  Europe/Berlin  enabled")
+    assert header.split()[:7] == ["ID", "PROJECT", "FUNCTION", "SLOTS", "ZONE", "JITTER", "STATE"]
+    assert re.match(rf"{sid}  acme     nightly-report  30 2 \* \* \*  Europe/Berlin  -  +enabled  ", line), \
+        line
 
     shown = cli("schedules", "show", sid)
     assert shown.code == 0
-    assert "next 5 fire times in Europe/Berlin:" in shown.out
+    assert "next 5 slots in Europe/Berlin:" in shown.out
     fire_line = r"^  \w{3} \d{4}-\d\d-\d\d 02:30:00\+0[12]:00   \d{4}-\d\d-\d\d 0[01]:30:00Z$"
     assert re.search(fire_line, shown.out, re.MULTILINE)
 
@@ -136,16 +138,16 @@ def test_schedules_lifecycle(cli: Callable[..., Result], db: psycopg.Connection)
 
 def test_schedules_refused_with_the_databases_message(cli: Callable[..., Result]) -> None:
     bad_cron = cli("schedules", "add", "--project", "acme", "--function", "f", "--cron", "61 * * * *")
-    assert bad_cron.code == 1
+    assert bad_cron.code == 2
     assert bad_cron.err.startswith(
         'pgdispatch schedules add: cron_expression "61 * * * *": minute 61 is outside')
     bad_zone = cli("schedules", "add", "--project", "acme", "--function", "f", "--cron", "* * * * *",
                    "--timezone", "PST")
-    assert bad_zone.code == 1 and "is not a time zone name" in bad_zone.err
+    assert bad_zone.code == 2 and "is not a time zone name" in bad_zone.err
     bad_args = cli("schedules", "add", "--project", "acme", "--function", "f", "--cron", "* * * * *",
                    "--args", "[1]")
-    assert bad_args.code == 1 and "--args must be a JSON object" in bad_args.err
-    assert cli("schedules", "show", "not-a-uuid").code == 1
+    assert bad_args.code == 2 and "--args must be a JSON object" in bad_args.err
+    assert cli("schedules", "show", "not-a-uuid").code == 2
     missing = cli("schedules", "show", "00000000-0000-0000-0000-000000000000")
     assert missing.err == "pgdispatch schedules show: no schedule 00000000-0000-0000-0000-000000000000\n"
     assert cli("schedules", "list", "--json").json == []
@@ -211,9 +213,9 @@ def test_schedules_add_and_update_take_the_run_policies(
     }
     for flags, message in refused.items():
         done = cli("schedules", "update", sid, *flags)
-        assert done.code == 1 and done.err.startswith(f"pgdispatch schedules update: {message}"), done.err
+        assert done.code == 2 and done.err.startswith(f"pgdispatch schedules update: {message}"), done.err
     nothing = cli("schedules", "update", sid)
-    assert nothing.code == 1 and "nothing to change" in nothing.err
+    assert nothing.code == 2 and "nothing to change" in nothing.err
 
     shown = cli("schedules", "show", sid).out
     for line in ("max attempts:      5", "retry back-off:    0:00:30", "timeout:           0:02:00",
@@ -274,7 +276,81 @@ def test_backfill(cli: Callable[..., Result], db: psycopg.Connection) -> None:
     again = cli("schedules", "backfill", sid, "--from", start.isoformat(), "--to", end.isoformat(), "--json")
     assert again.json["marked"] == 0
     reversed_range = cli("schedules", "backfill", sid, "--from", end.isoformat(), "--to", start.isoformat())
-    assert reversed_range.code == 1
+    assert reversed_range.code == 2
     assert "from_ts (" in reversed_range.err and "must be before to_ts" in reversed_range.err
     garbage = cli("schedules", "backfill", sid, "--from", "yesterday-ish", "--to", end.isoformat())
-    assert garbage.code == 1 and "yesterday-ish" in garbage.err
+    assert garbage.code == 2 and "yesterday-ish" in garbage.err
+
+
+def test_interval_and_jitter(cli: Callable[..., Result], db: psycopg.Connection) -> None:
+    added = _add(cli, "--function", "poll", "--every", "30s", "--jitter", "5s")
+    schedule = added["schedule"]
+    assert isinstance(schedule, dict)
+    sid = schedule["id"]
+    assert (schedule["cron_expression"], schedule["every"], schedule["jitter"]) == (None, 30.0, 5.0)
+    assert schedule["anchor"] == schedule["created_at"]
+    # the preview: slots 30 s apart, each firing at its own offset, exactly as the database has them
+    preview = added["next_fire_times"]
+    assert isinstance(preview, list)
+    slots = [datetime.fromisoformat(fire["at"]) for fire in preview]
+    assert [b - a for a, b in itertools.pairwise(slots)] == [timedelta(seconds=30)] * 4
+    for fire in preview:
+        offset = db.execute("SELECT dispatch.jitter_offset(%s, %s, '5 seconds')",
+                            (sid, fire["at"])).fetchone()
+        assert offset is not None
+        assert datetime.fromisoformat(fire["fire_at"]) == datetime.fromisoformat(fire["at"]) + offset[0]
+    assert schedule["next_fire_at"] == preview[0]["fire_at"]
+
+    line = cli("schedules", "list").out.splitlines()[1]
+    assert re.match(rf"{sid}  acme     poll      every 30s  -  +5s  +enabled  ", line), line
+    shown = cli("schedules", "show", sid).out
+    for expected in ("every:             30s", "jitter:            5s", "next 5 slots:", "   fires 20"):
+        assert expected in shown, shown
+    assert "time zone:" not in shown
+
+    # human-readable durations, and switching kinds either way
+    hourly = cli("schedules", "update", sid, "--every", "1h30m", "--anchor", "2026-01-01T00:00Z", "--json")
+    assert (hourly.json["schedule"]["every"], hourly.json["schedule"]["anchor"]) == (
+        5400.0, "2026-01-01T00:00:00+00:00")
+    to_cron = cli("schedules", "update", sid, "--cron", "*/5 * * * *", "--json").json["schedule"]
+    assert (to_cron["cron_expression"], to_cron["every"], to_cron["anchor"]) == ("*/5 * * * *", None, None)
+    paused = cli("schedules", "pause", sid, "--reason", "quota")
+    assert paused.code == 0
+    state = cli("schedules", "list").out.splitlines()[1]
+    assert "paused by postgres: quota" in state and "*/5 * * * *" in state
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["add", "--project", "acme", "--function", "f", "--every", "0s"],
+         "every must be at least 1 second"),
+        (["add", "--project", "acme", "--function", "f", "--every", "30s", "--cron", "* * * * *"],
+         "argument --cron: not allowed with argument --every"),
+        (["add", "--project", "acme", "--function", "f", "--every", "soonish"],
+         "argument --every: 'soonish' is not a duration"),
+        (["add", "--project", "acme", "--function", "f", "--every", "10s", "--jitter", "1m"],
+         "jitter (00:01:00) must not exceed every (00:00:10)"),
+        (["add", "--project", "acme", "--function", "f"], "one of the arguments --cron --every is required"),
+        (["update", "{unknown}", "--every", "1m"], "no schedule {unknown}"),
+        (["show", "{unknown}"], "no schedule {unknown}"),
+        (["pause", "{unknown}"], "no schedule {unknown}"),
+        (["resume", "{unknown}"], "no schedule {unknown}"),
+        (["run", "{unknown}"], "no schedule {unknown}"),
+        (["backfill", "{unknown}", "--from", "2026-01-01", "--to", "2026-01-02"], "no schedule {unknown}"),
+        (["backfill", "{sid}", "--from", "2026-01-02", "--to", "2026-01-01"], "must be before to_ts"),
+        (["run", "not-an-id"], "'not-an-id' is not a schedule id"),
+        (["enable", "not-an-id"], "'not-an-id' is not a schedule id"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    cli: Callable[..., Result], args: list[str], message: str
+) -> None:
+    sid = _add(cli, "--function", "existing", "--cron", "0 * * * *")["schedule"]["id"]  # type: ignore[index]
+    unknown = "00000000-0000-0000-0000-000000000000"
+    args = [arg.format(unknown=unknown, sid=sid) for arg in args]
+    done = cli("schedules", *args)
+    assert done.code == 2, (done.code, done.err)
+    assert message.format(unknown=unknown) in done.err
+    assert done.err.count("\n") == 1, done.err
+    assert done.out == ""
