@@ -164,7 +164,7 @@ def _tick_job(conn: Conn, url: str, state: _CronState) -> Check:
                      f"extension pg_cron is not created in database {state.database}",
                      f"as a superuser: psql -d {state.database} -c 'CREATE EXTENSION pg_cron', "
                      f"then {register}")
-    jobs = cron.execute("SELECT jobid, schedule, command, active FROM cron.job"
+    jobs = cron.execute("SELECT jobid, schedule, command, active, username, nodename FROM cron.job"
                         " WHERE jobname = 'dispatch-tick' AND database = %s ORDER BY jobid",
                         (here["db"],)).fetchall()
     if not jobs:
@@ -184,6 +184,13 @@ def _tick_job(conn: Conn, url: str, state: _CronState) -> Check:
     if "dispatch.tick" not in job["command"]:
         return Check("dispatch-tick job", "fail",
                      f"job {job['jobid']} runs {job['command']!r}, not dispatch.tick()", register)
+    # Whether pg_cron can log in to run it: the cause of every "connection failed" run.
+    problem = _one(conn, "SELECT dispatch.cron_login_problem(%s, %s, %s) AS v",
+                   (here["db"], job["username"], job["nodename"]))["v"]
+    if problem is not None:
+        cause, _, fix = problem.partition(": ")
+        unknown = problem.startswith("cannot tell")
+        return Check("dispatch-tick job", "warn" if unknown else "fail", cause, fix)
     return Check("dispatch-tick job", "ok",
                  f"job {job['jobid']} in database {state.database}: '{job['schedule']}' {job['command']}")
 

@@ -47,6 +47,7 @@ GRANT EXECUTE ON FUNCTION
     dispatch._every_slot(dispatch.cron_spec, numeric),
     dispatch._every_index(dispatch.cron_spec, timestamptz),
     dispatch.jitter_offset(uuid, timestamptz, interval),
+    dispatch.cron_login_problem(text, text, text),
     dispatch.schema_version()
 TO dispatch_listener, dispatch_reader, dispatch_admin;
 
