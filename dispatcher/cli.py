@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     for option in OPTIONS:
         listen_cmd.add_argument(option.flag, dest=option.name, metavar=option.metavar,
+                                action="append" if option.name == "signing_secret" else "store",
                                 help=f"{option.help} [env {option.env}]")
     listen_cmd.set_defaults(handler=_listen)
 

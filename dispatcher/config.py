@@ -80,7 +80,8 @@ OPTIONS: tuple[Option, ...] = (
            "name of this listener in dispatch.runs.worker and application_name (default host:pid)", "ID"),
     Option("signing_secret", "--signing-secret-file", "PGDISPATCH_SIGNING_SECRET",
            "sign each request with HMAC-SHA256 (X-Dispatch-Signature): the flag names a file holding "
-           "the secret, the variable holds the secret itself", "PATH"),
+           "the secret (its bytes, minus one trailing newline), the variable holds the secret itself; "
+           "give the flag twice during a key rotation to sign with both secrets", "PATH"),
     Option("sweep_interval_s", "--sweep-interval", "PGDISPATCH_SWEEP_INTERVAL",
            "seconds between fallback sweeps (tick and claim) in case a NOTIFY was missed (default 10)",
            "SECONDS"),
@@ -115,6 +116,8 @@ class Settings:
     lease_s: float = 0.0  # 0 = timeout_s + 30
     worker_id: str = field(default_factory=_default_worker_id)
     signing_secret: bytes | None = field(default=None, repr=False)
+    # During a key rotation: requests carry a signature with each secret (two v1= fields).
+    second_signing_secret: bytes | None = field(default=None, repr=False)
     sweep_interval_s: float = 10.0
     grace_s: float = 25.0
     pool_size: int = 4
@@ -160,6 +163,9 @@ class Settings:
             raise _invalid("worker_id", "must be printable text, not blank")
         if self.signing_secret is not None and not self.signing_secret:
             raise _invalid("signing_secret", "is empty")
+        second = self.second_signing_secret
+        if second is not None and not (self.signing_secret and second):
+            raise _invalid("signing_secret", "names a second secret without a first, or an empty one")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise _invalid("metrics_port", f"must be a port number (0-65535), not {self.metrics_port}")
         if self.log_level not in LOG_LEVELS:
@@ -181,6 +187,7 @@ class Settings:
             "lease_s": self.lease_s,
             "worker_id": self.worker_id,
             "signing": self.signing_secret is not None,
+            "signing_secrets": (self.signing_secret is not None) + (self.second_signing_secret is not None),
             "sweep_interval_s": self.sweep_interval_s,
             "grace_s": self.grace_s,
             "pool_size": self.pool_size,
@@ -243,7 +250,8 @@ def _secret_from_file(path: str) -> bytes:
         secret = Path(path).read_bytes()
     except OSError as exc:
         raise _invalid("signing_secret", f"cannot be read: {exc.strerror or exc} ({path})") from None
-    secret = secret.rstrip(b"\r\n")
+    # One trailing newline is what an editor or `echo` adds; anything else is part of the secret.
+    secret = secret.removesuffix(b"\n").removesuffix(b"\r")
     if not secret:
         raise _invalid("signing_secret", f"file {path} is empty")
     return secret
@@ -261,7 +269,7 @@ def _credential(name: str, env: Mapping[str, str]) -> bytes | None:
         return None
     except OSError as exc:
         raise _invalid(name, f"credential {path} cannot be read: {exc.strerror or exc}") from None
-    value = value.rstrip(b"\r\n")
+    value = value.removesuffix(b"\n").removesuffix(b"\r")  # as a --signing-secret-file
     if not value:
         raise _invalid(name, f"credential {path} is empty")
     return value
@@ -310,18 +318,27 @@ def _metrics_address(raw: str) -> tuple[str | None, int]:
     return host or None, number
 
 
-def load_settings(flags: Mapping[str, str | None], environ: Mapping[str, str] | None = None) -> Settings:
+def load_settings(flags: Mapping[str, str | list[str] | None], environ: Mapping[str, str] | None = None
+                  ) -> Settings:
     """Build Settings from parsed flags (option name → raw text or None), the environment and
     systemd credentials ($CREDENTIALS_DIRECTORY, see CREDENTIALS), in that order.
 
     Raises ConfigError with one line naming the setting.
     """
     env = os.environ if environ is None else environ
+    # --signing-secret-file may be given twice (a key rotation): the second file is read here,
+    # the first goes the way of every other flag.
+    secret_files = flags.get("signing_secret")
+    if isinstance(secret_files, list):
+        if len(secret_files) > 2:
+            raise _invalid("signing_secret", "is given more than twice: sign with the new secret and the old "
+                                             "one while functions move over, then with the new one alone")
+        flags = {**flags, "signing_secret": secret_files[0] if secret_files else None}
     raw: dict[str, str] = {}
     from_credential: dict[str, bytes] = {}
     for option in OPTIONS:
         flag_value = flags.get(option.name)
-        if flag_value is not None:
+        if isinstance(flag_value, str):
             raw[option.name] = flag_value
         elif env.get(option.env):
             raw[option.name] = env[option.env]
@@ -347,6 +364,8 @@ def load_settings(flags: Mapping[str, str | None], environ: Mapping[str, str] | 
         values["signing_secret"] = from_credential["signing_secret"]
     elif flags.get("signing_secret") is not None:
         values["signing_secret"] = _secret_from_file(raw["signing_secret"])
+        if isinstance(secret_files, list) and len(secret_files) == 2:
+            values["second_signing_secret"] = _secret_from_file(secret_files[1])
     elif "signing_secret" in raw:
         values["signing_secret"] = raw["signing_secret"].encode()
     for name in ("database_url", "invoke_url"):

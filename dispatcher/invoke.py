@@ -81,8 +81,10 @@ def _url(url_template: str, project_id: str, function_name: str) -> str:
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
-def build_request(run: Run, *, url_template: str, secret: bytes | None, now: float | None = None) -> Request:
-    """The POST for `run`: URL from the template, JSON body, idempotency and signature headers."""
+def build_request(run: Run, *, url_template: str, secret: bytes | None, now: float | None = None,
+                  second_secret: bytes | None = None) -> Request:
+    """The POST for `run`: URL from the template, JSON body, idempotency and signature headers
+    (signed with `secret`, and `second_secret` too during a key rotation)."""
     url = _url(url_template, run.project_id, run.function_name)
     payload = {
         "args": run.args,
@@ -103,7 +105,8 @@ def build_request(run: Run, *, url_template: str, secret: bytes | None, now: flo
         "Idempotency-Key": run.request_id,
     }
     if secret is not None:
-        headers[SIGNATURE_HEADER] = sign(secret, body, int(time.time() if now is None else now))
+        more = () if second_secret is None else (second_secret,)
+        headers[SIGNATURE_HEADER] = sign(secret, body, int(time.time() if now is None else now), *more)
     return Request(url, body, headers)
 
 
@@ -178,12 +181,14 @@ class Invoker:
     (except CancelledError)."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, *, url_template: str, timeout_s: float, secret: bytes | None
+        self, session: aiohttp.ClientSession, *, url_template: str, timeout_s: float, secret: bytes | None,
+        second_secret: bytes | None = None,
     ) -> None:
         self._session = session
         self._url_template = url_template
         self._timeout_s = timeout_s
         self._secret = secret
+        self._second_secret = second_secret
 
     @staticmethod
     @functools.lru_cache(maxsize=64)
@@ -206,7 +211,8 @@ class Invoker:
     async def _call(self, run: Run, timeout_s: float) -> Outcome:
         http_status: int | None = None
         try:
-            request = build_request(run, url_template=self._url_template, secret=self._secret)
+            request = build_request(run, url_template=self._url_template, secret=self._secret,
+                                    second_secret=self._second_secret)
             async with self._session.post(
                 request.url, data=request.body, headers=request.headers,
                 timeout=self._timeout(timeout_s), allow_redirects=False,

@@ -196,7 +196,7 @@ class Listener:
             return
         session = new_session(concurrency=settings.concurrency)
         invoker = Invoker(session, url_template=settings.invoke_url, timeout_s=settings.timeout_s,
-                          secret=settings.signing_secret)
+                          secret=settings.signing_secret, second_secret=settings.second_signing_secret)
         dispatcher = self._dispatcher = Dispatcher(
             self._db, invoker, self._completer, self._budget, self.metrics, lease_s=settings.lease_s,
             stopping=self._stopping)

@@ -1,23 +1,12 @@
 """Request signatures: `X-Dispatch-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">`.
 
-`verify_signature` is what a function should run on every request before trusting it. It
-needs only the standard library; copy it as it is::
+During a key rotation the listener signs with two secrets and sends two `v1=` fields (the way
+Stripe does): a function that knows either secret verifies the request. `verify_signature` is
+what a function should run on every request before trusting it; docs/functions.md has it in
+Python and Node, both run by the tests against requests the listener signed.
 
-    import hashlib, hmac, time
-
-    def verify_signature(secret: bytes, body: bytes, header: str | None,
-                         *, tolerance_s: int = 300, now: float | None = None) -> bool:
-        fields = dict(item.strip().partition("=")[::2] for item in (header or "").split(","))
-        try:
-            timestamp, received = int(fields["t"]), fields["v1"]
-        except (KeyError, ValueError):
-            return False
-        if abs((time.time() if now is None else now) - timestamp) > tolerance_s:
-            return False  # too old (a replay) or from the future
-        expected = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-        return hmac.compare_digest(expected, received)
-
-Verify the raw body bytes as received, before parsing JSON: re-serialising changes them.
+The secret is bytes: a file's content minus one trailing newline (`--signing-secret-file`), or
+the text of PGDISPATCH_SIGNING_SECRET, used as it is (hex is not decoded).
 """
 
 from __future__ import annotations
@@ -31,25 +20,34 @@ __all__ = ["SIGNATURE_HEADER", "sign", "verify_signature"]
 SIGNATURE_HEADER = "X-Dispatch-Signature"
 
 
-def sign(secret: bytes, body: bytes, timestamp: int) -> str:
-    """The X-Dispatch-Signature value for `body` sent at `timestamp` (unix seconds)."""
-    digest = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={digest}"
+def sign(secret: bytes, body: bytes, timestamp: int, *more: bytes) -> str:
+    """The X-Dispatch-Signature value for `body` sent at `timestamp` (unix seconds): one `v1=`
+    per secret, `secret` first, then `more` (a rotation's other secret)."""
+    signed = f"{timestamp}.".encode() + body
+    digests = [hmac.digest(key, signed, hashlib.sha256).hex() for key in (secret, *more)]
+    return f"t={timestamp}," + ",".join(f"v1={digest}" for digest in digests)
 
 
 def verify_signature(
     secret: bytes, body: bytes, header: str | None, *, tolerance_s: int = 300, now: float | None = None
 ) -> bool:
-    """True when `header` signs `body` with `secret` and its timestamp is within `tolerance_s`."""
-    fields: dict[str, str] = {}
+    """True when one of the `v1=` of `header` signs `body` with `secret`, and its timestamp is
+    within `tolerance_s` of now."""
+    timestamp: int | None = None
+    received: list[str] = []
     for item in (header or "").split(","):
         key, _, value = item.strip().partition("=")
-        fields[key] = value
-    try:
-        timestamp, received = int(fields["t"]), fields["v1"]
-    except (KeyError, ValueError):
+        if key == "t":
+            try:
+                timestamp = int(value)
+            except ValueError:
+                return False
+        elif key == "v1":
+            received.append(value)
+    if timestamp is None or not received:
         return False
     if abs((time.time() if now is None else now) - timestamp) > tolerance_s:
         return False  # too old (a replay) or from the future
-    expected = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, received)
+    expected = hmac.digest(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hex()
+    # compare with every one, so that the time taken does not tell which matched
+    return sum(hmac.compare_digest(expected, value) for value in received) > 0

@@ -54,6 +54,22 @@ def test_flag_wins_over_environment(tmp_path: Path) -> None:
     assert (settings.signing_secret, settings.sweep_interval_s) == (b"from-file", 1)
 
 
+def test_signing_secret_files_one_newline_off_and_two_for_a_rotation(tmp_path: Path) -> None:
+    """docs/functions.md: the secret is the file's bytes minus one trailing newline; the flag may
+    be given twice (sign with both), not three times."""
+    new, old = tmp_path / "new", tmp_path / "old"
+    new.write_bytes(b"4f9c 0d5e\r\n")
+    old.write_bytes(b"e3b0\n\n")
+    base = {"database_url": URL, "invoke_url": INVOKE}
+    one = load_settings({**base, "signing_secret": [str(new)]}, {})
+    assert (one.signing_secret, one.second_signing_secret) == (b"4f9c 0d5e", None)
+    both = load_settings({**base, "signing_secret": [str(new), str(old)]}, {})
+    assert (both.signing_secret, both.second_signing_secret) == (b"4f9c 0d5e", b"e3b0\n")
+    assert both.describe()["signing_secrets"] == 2
+    with pytest.raises(ConfigError, match="is given more than twice"):
+        load_settings({**base, "signing_secret": [str(new), str(old), str(new)]}, {})
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
