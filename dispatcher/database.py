@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 # The schema this listener is written for: dispatch.migrations must reach this version.
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 # Liveness defaults for every connection (libpq parameters; a URL that sets one wins): an idle
 # connection whose peer vanished is probed after 5 s and given up after 3 more probes 2 s apart,
 # data unacknowledged for 10 s fails the connection, and a connect attempt gives up after 5 s.
@@ -361,6 +361,12 @@ class Database:
         rows = await self._fetch("SELECT dispatch.tick() AS marked, now() AS covered",
                                  timeout_s=TICK_TIMEOUT_S)
         return int(rows[0]["marked"]), rows[0]["covered"]
+
+    async def lost_runs_after(self, after_id: int | None) -> tuple[int, int]:
+        """Runs that ended lost after audit row `after_id` (None: 0, and where to start), and the id
+        to pass next time."""
+        rows = await self._fetch("SELECT lost, last_id FROM dispatch.lost_runs_after(%s)", (after_id,))
+        return int(rows[0]["lost"]), int(rows[0]["last_id"])
 
     async def seconds_until_due(self, covered: datetime | None) -> float | None:
         """Seconds, by the database's clock, until the earliest next_run_at after `covered` (see

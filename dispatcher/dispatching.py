@@ -139,7 +139,8 @@ class Dispatcher:
                 self._hand_back(run)
                 continue
             self._budget.started()
-            self._metrics.sent(run.scheduled_for)
+            if run.attempt == 1:  # a retry is late by its back-off, on purpose
+                self._metrics.sent(run.fire_at or run.scheduled_for)
             try:
                 outcome = await self._invoker.invoke(run)
             except asyncio.CancelledError:

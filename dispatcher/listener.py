@@ -83,6 +83,7 @@ class Listener:
         self.settings = settings
         self.ready = asyncio.Event()  # LISTEN is active and a sweep has run since
         self.metrics = Metrics()
+        self._lost_seen: int | None = None  # the audit row of the last lost run counted
         self._stopping = asyncio.Event()
         self._force = asyncio.Event()
         self._stopped = False
@@ -155,6 +156,19 @@ class Listener:
             self._dispatcher.wake()
         if sweep and listened:
             self.ready.set()
+        if sweep:
+            self._supervisor.spawn(self._count_lost_runs(), "pgdispatch-lost-runs", until_stopped=False)
+
+    async def _count_lost_runs(self) -> None:
+        """pgdispatch_runs_lost_total: the runs that ended lost since the last sweep (the first
+        sweep only learns where to start)."""
+        try:
+            lost, last_id = await self._db.lost_runs_after(self._lost_seen)
+        except DatabaseUnavailable:
+            return  # the next sweep looks again; the outage is reported elsewhere
+        if self._lost_seen is not None and lost:
+            self.metrics.lost.inc(lost)
+        self._lost_seen = last_id
 
     def _recorded(self, count: int) -> None:
         self._budget.recorded(count)

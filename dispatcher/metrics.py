@@ -32,8 +32,10 @@ class Metrics:
         registry = self.registry
         self.dispatch_latency = Histogram(
             "pgdispatch_dispatch_latency_seconds",
-            "From a run's slot (scheduled_for, the database's clock) to its request being sent "
-            "(this listener's clock).", buckets=LATENCY_BUCKETS, registry=registry)
+            "From the instant a run was due to fire (fire_at: its slot plus the schedule's jitter "
+            "offset; the database's clock) to its first attempt's request being sent (this listener's "
+            "clock).",
+            buckets=LATENCY_BUCKETS, registry=registry)
         self.invocation_duration = Histogram(
             "pgdispatch_invocation_duration_seconds",
             "How long invocations took, response body included.", buckets=DURATION_BUCKETS,
@@ -46,6 +48,11 @@ class Metrics:
         self.claim_batch = Histogram(
             "pgdispatch_claim_batch_size", "Runs returned by each dispatch.claim_runs call.",
             buckets=BATCH_BUCKETS, registry=registry)
+        self.lost = Counter(
+            "pgdispatch_runs_lost",
+            "Runs of any listener that ended lost (a lease expired on the last attempt), counted by this "
+            "listener since it started: every listener counts them all, so aggregate with max.",
+            registry=registry)
         self.reconnects = Counter(
             "pgdispatch_database_reconnects", "Times the LISTEN session came back after losing the database.",
             registry=registry)
@@ -67,9 +74,9 @@ class Metrics:
         """Read the in-flight gauge from the listener at scrape time."""
         self.in_flight.set_function(lambda: float(count()))
 
-    def sent(self, scheduled_for: datetime) -> None:
-        """A run's request is about to go out."""
-        self.dispatch_latency.observe(max(0.0, time.time() - scheduled_for.timestamp()))
+    def sent(self, fire_at: datetime) -> None:
+        """A run's request is about to go out: how late after the instant it was due to fire."""
+        self.dispatch_latency.observe(max(0.0, time.time() - fire_at.timestamp()))
 
     def finished(self, status: str, duration_s: float) -> None:
         self.outcomes.labels(status).inc()

@@ -56,6 +56,9 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \set version 14
 \set name 0014_interval_schedules
 \ir apply_migration.psql
+\set version 15
+\set name 0015_lost_runs_index
+\ir apply_migration.psql
 \ir code/10_cron_engine.sql
 \ir code/15_schema_version.sql
 \ir code/20_timezones.sql
@@ -70,6 +73,7 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \ir code/50_retention.sql
 \ir code/60_pg_cron.sql
 \ir code/70_views.sql
+\ir code/75_metrics.sql
 \ir code/80_operator.sql
 \ir code/90_grants.sql
 COMMIT;

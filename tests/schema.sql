@@ -2110,7 +2110,7 @@ DECLARE
                          '(a trust or peer line in pg_hba.conf for what it connects to, or a ~/.pgpass entry '
                          'for the operating-system user that runs PostgreSQL), then run the install again';
     addresses inet[];
-    address inet;
+    peer inet;
     rule record;
     what text;
 BEGIN
@@ -2131,16 +2131,16 @@ BEGIN
         RETURN format('cannot tell whether pg_cron can log in to %s as %s (a host name: pg_hba.conf matches '
                       'addresses); if its dispatch-tick runs fail with "connection failed", %s', node, role, fix);
     END IF;
-    FOREACH address IN ARRAY addresses LOOP
+    FOREACH peer IN ARRAY addresses LOOP
         SELECT h.line_number, h.type, h.database, h.user_name, h.address, h.auth_method, h.options INTO rule
         FROM pg_catalog.pg_hba_file_rules h
         WHERE h.error IS NULL
-          AND CASE WHEN address IS NULL THEN h.type = 'local'
+          AND CASE WHEN peer IS NULL THEN h.type = 'local'
                    ELSE h.type IN ('host', 'hostnogssenc', CASE WHEN ssl THEN 'hostssl' ELSE 'hostnossl' END)
                         AND (h.address IN ('all', 'samehost', 'samenet')
                              OR (h.address ~ '^[0-9a-fA-F.:]+$' AND h.netmask IS NOT NULL
-                                 AND family(h.address::inet) = family(address)
-                                 AND (h.address::inet & h.netmask::inet) = (address & h.netmask::inet)))
+                                 AND family(h.address::inet) = family(peer)
+                                 AND (h.address::inet & h.netmask::inet) = (peer & h.netmask::inet)))
               END
           AND ('all' = ANY (h.database) OR dbname = ANY (h.database)
                OR ('sameuser' = ANY (h.database) AND dbname = role)
@@ -2154,7 +2154,7 @@ BEGIN
         ORDER BY h.line_number
         LIMIT 1;
         what := format('pg_cron logs in to %s%s as %s for database %s', node,
-                       CASE WHEN address IS NOT NULL AND node = 'localhost' THEN format(' (%s)', host(address)) ELSE '' END,
+                       CASE WHEN peer IS NOT NULL AND node = 'localhost' THEN format(' (%s)', host(peer)) ELSE '' END,
                        role, dbname);
         IF rule.line_number IS NULL THEN
             RETURN format('%s, and no line of pg_hba.conf lets it in: %s', what, fix);
@@ -2536,6 +2536,28 @@ $$;
 --
 
 COMMENT ON FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval) IS 'How long after its slot a schedule with this jitter fires: an offset in [0, jitter) fixed by a hash of the schedule id and the slot, so that schedules sharing a slot spread out, the same way on every tick. 0 when jitter is 0.';
+
+
+--
+-- Name: lost_runs_after(bigint); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.lost_runs_after(after_id bigint) RETURNS TABLE(lost bigint, last_id bigint)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT CASE WHEN after_id IS NULL THEN 0 ELSE count(*) FILTER (WHERE a.id > after_id) END,
+           coalesce(max(a.id), after_id, 0)
+    FROM dispatch.audit_log a
+    WHERE a.action = 'schedule.run.lost' AND a.id > coalesce(after_id, 0)
+$$;
+
+
+--
+-- Name: FUNCTION lost_runs_after(after_id bigint); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.lost_runs_after(after_id bigint) IS 'How many runs ended lost (audit action schedule.run.lost) after audit row after_id, and the id to pass next time; with NULL, 0 and where to start. What listeners export as pgdispatch_runs_lost_total.';
 
 
 --
@@ -3357,6 +3379,13 @@ CREATE INDEX audit_log_at_brin_idx ON dispatch.audit_log USING brin (at);
 
 
 --
+-- Name: audit_log_lost_runs_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX audit_log_lost_runs_idx ON dispatch.audit_log USING btree (id) WHERE (action = 'schedule.run.lost'::text);
+
+
+--
 -- Name: audit_log_project_id_at_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
@@ -4041,6 +4070,14 @@ REVOKE ALL ON FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamp w
 GRANT ALL ON FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval) TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval) TO dispatch_reader;
 GRANT ALL ON FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION lost_runs_after(after_id bigint); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.lost_runs_after(after_id bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.lost_runs_after(after_id bigint) TO dispatch_listener;
 
 
 --

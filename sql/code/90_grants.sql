@@ -57,7 +57,8 @@ GRANT EXECUTE ON FUNCTION
     dispatch.complete_runs(text, bigint[], integer[], text[], text[], integer[], integer[], boolean[], integer[]),
     dispatch.release_runs(text, bigint[], integer[]),
     dispatch.next_due_at(),
-    dispatch.next_due_after(timestamptz)
+    dispatch.next_due_after(timestamptz),
+    dispatch.lost_runs_after(bigint)
 TO dispatch_listener;
 GRANT EXECUTE ON PROCEDURE
     dispatch.complete_run(bigint, text, integer, text, text, integer, integer, boolean, integer, boolean, boolean,

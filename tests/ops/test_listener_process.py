@@ -67,6 +67,10 @@ async def _scrape(port: int) -> dict[str, float]:
         return metric_samples(await response.text())
 
 
+async def _lost(port: int) -> bool:
+    return (await _scrape(port))["pgdispatch_runs_lost_total"] == 1
+
+
 async def test_metrics_scraped_from_a_running_listener(db: psycopg.Connection, dsn: str, sink: Sink) -> None:
     async def fails(request: web.Request, call: Call) -> web.StreamResponse:
         return web.json_response({"ok": False, "code": "nope", "message": "failed on purpose"}, status=500)
@@ -111,6 +115,17 @@ async def test_metrics_scraped_from_a_running_listener(db: psycopg.Connection, d
                    " WHERE worker = 'metrics' AND listening")
         await proc.wait_event("database_reconnected", within=15)
         assert (await _scrape(port))["pgdispatch_database_reconnects_total"] == 1
+
+        # A run whose listener vanished on its last attempt: the tick ends it lost, and the next
+        # sweep counts it.
+        assert (await _scrape(port))["pgdispatch_runs_lost_total"] == 0
+        db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression,"
+                   " max_attempts) VALUES ('acme', 'vanishing', '0 0 1 1 *', 1)")
+        db.execute("INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, worker, attempt,"
+                   " claimed_at, lease_until) SELECT id, now() - interval '1 hour', 'running', 'ghost', 1,"
+                   " now() - interval '2 minutes', now() - interval '1 minute'"
+                   " FROM dispatch.schedules WHERE function_name = 'vanishing'")
+        await until(lambda: _lost(port), within=10, what="the lost run counted")
 
         proc.signal(signal.SIGTERM)
         assert await proc.wait() == 0
