@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -33,7 +34,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = _Parser(prog="pgdispatch", description=__doc__)
+    parser: argparse.ArgumentParser = _Parser(
+        prog="pgdispatch",
+        description="Cron schedules that live in PostgreSQL: `listen` calls each due run's function over "
+                    "HTTP; the other commands install the schema, check a deployment and manage schedules "
+                    "and runs. Every command that talks to the database takes --database-url or reads "
+                    "PGDISPATCH_DATABASE_URL.",
+        epilog="Run `pgdispatch COMMAND --help` for a command's options. Exit status: 0 done, 1 failed, "
+               "2 a usage error or input the database refuses. Documentation: docs/ in the source tree.")
     parser.add_argument("--version", action="version", version=f"pgdispatch {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -103,7 +111,7 @@ def _listen(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"pgdispatch listen: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, log_format=settings.log_format)
     try:
         asyncio.run(run_listener(settings))
     except DatabaseMisconfigured as exc:  # at start: said once, never retried
@@ -143,8 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     except psycopg.Error as exc:
         print(f"pgdispatch {name}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
-    except BrokenPipeError:  # | head
+    except BrokenPipeError:  # | head: the reader is gone, and so is anything more to say
+        # Python flushes stdout again at exit and would complain about the same pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: the user knows
+        print(file=sys.stderr)
+        return 130
     return status
 
 

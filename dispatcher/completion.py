@@ -224,7 +224,7 @@ class Completer:
         if durations:
             durations.sort()
             logger.info(
-                "%d runs finished", len(durations),
+                "%d run%s finished", len(durations), "" if len(durations) == 1 else "s",
                 extra={"event": "runs_finished", "count": len(durations), **statuses,
                        "duration_ms_p50": durations[len(durations) // 2], "duration_ms_max": durations[-1]},
             )

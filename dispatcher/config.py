@@ -91,6 +91,9 @@ OPTIONS: tuple[Option, ...] = (
            "database connections for claims and completions, besides the LISTEN one (default 4)", "N"),
     Option("log_level", "--log-level", "PGDISPATCH_LOG_LEVEL",
            "debug, info, warning or error (default info)", "LEVEL"),
+    Option("log_format", "--log-format", "PGDISPATCH_LOG_FORMAT",
+           "text (one readable line per event) or json (one object per line, for a log shipper); "
+           "default text when stderr is a terminal, else json", "FORMAT"),
     Option("metrics_port", "--metrics-port", "PGDISPATCH_METRICS_PORT",
            "serve Prometheus metrics at http://HOST:PORT/metrics; a bare PORT listens on every "
            "interface (default: no metrics server)", "[HOST:]PORT"),
@@ -122,6 +125,7 @@ class Settings:
     grace_s: float = 25.0
     pool_size: int = 4
     log_level: str = "info"
+    log_format: str = ""  # "" = text on a terminal, else json
     metrics_port: int | None = None  # None = no metrics server
     metrics_host: str | None = None  # None = every interface
 
@@ -168,6 +172,8 @@ class Settings:
             raise _invalid("signing_secret", "names a second secret without a first, or an empty one")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise _invalid("metrics_port", f"must be a port number (0-65535), not {self.metrics_port}")
+        if self.log_format not in ("", "text", "json"):
+            raise _invalid("log_format", f"must be text or json, not {self.log_format!r}")
         if self.log_level not in LOG_LEVELS:
             raise _invalid("log_level", f"must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
 
@@ -358,6 +364,8 @@ def load_settings(flags: Mapping[str, str | list[str] | None], environ: Mapping[
             values[name] = _number(name, raw[name], float)
     if "log_level" in raw:
         values["log_level"] = raw["log_level"].strip().lower()
+    if "log_format" in raw:
+        values["log_format"] = raw["log_format"].strip().lower()
     if "metrics_port" in raw:
         values["metrics_host"], values["metrics_port"] = _metrics_address(raw["metrics_port"])
     if "signing_secret" in from_credential:

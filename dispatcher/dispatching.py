@@ -119,7 +119,7 @@ class Dispatcher:
                 for run in runs:
                     self._queue.put_nowait(run)
                 if runs:
-                    logger.debug("claimed %d runs", len(runs),
+                    logger.debug("claimed %d run%s", len(runs), "" if len(runs) == 1 else "s",
                                  extra={"event": "runs_claimed", "count": len(runs)})
                 if len(runs) < free:
                     break

@@ -78,15 +78,25 @@ def _schema(conn: Conn) -> Check:
     if _one(conn, "SELECT to_regclass('dispatch.migrations') IS NULL AS missing")["missing"]:
         return Check("schema", "fail", "no dispatch schema in this database",
                      "pgdispatch install --database-url ... (or psql -f sql/install.sql)")
+    known = {migration.version: migration.name for migration in migrations()}
+    if not _may_read(conn, "dispatch.migrations"):
+        # dispatch.schema_version() is granted to every dispatch role: the version, not the names
+        version = _one(conn, "SELECT dispatch.schema_version() AS v")["v"]
+        latest = max(known)
+        if version is None or version < latest:
+            return Check("schema", "fail",
+                         f"version {version} of the {latest} pgdispatch {__version__} needs",
+                         "pgdispatch install --database-url ... (applies only what is missing)")
+        return Check("schema", "ok", f"version {version}, what pgdispatch {__version__} expects (names not "
+                                     "checked: this role may not read dispatch.migrations)")
     applied = {row["version"]: row["name"]
                for row in conn.execute("SELECT version, name FROM dispatch.migrations").fetchall()}
-    known = {migration.version: migration.name for migration in migrations()}
     missing = sorted(set(known) - set(applied))
     unknown = sorted(set(applied) - set(known))
     if missing:
         return Check("schema", "fail",
-                     f"{len(missing)} migration(s) of pgdispatch {__version__} not applied: "
-                     + ", ".join(known[version] for version in missing),
+                     f"{len(missing)} migration{'' if len(missing) == 1 else 's'} of pgdispatch "
+                     f"{__version__} not applied: " + ", ".join(known[version] for version in missing),
                      "pgdispatch install --database-url ... (applies only what is missing)")
     if unknown:
         return Check("schema", "warn",
@@ -108,10 +118,12 @@ class _CronState:
 
 def _pg_cron_loaded(conn: Conn, state: _CronState) -> Check:
     here = _one(conn, "SELECT current_database() AS db")["db"]
-    try:
-        libraries = _one(conn, "SELECT current_setting('shared_preload_libraries') AS v")["v"]
-    except psycopg.errors.InsufficientPrivilege:
-        # Settings need pg_read_all_settings; pg_cron's scheduler shows in pg_stat_activity to anyone.
+    # pg_settings hides what this role may not read (pg_read_all_settings), where current_setting()
+    # would raise an error into the server log.
+    row = conn.execute("SELECT setting FROM pg_settings WHERE name = 'shared_preload_libraries'").fetchone()
+    libraries = None if row is None else row["setting"]
+    if libraries is None:
+        # pg_cron's scheduler shows in pg_stat_activity to anyone.
         seen = conn.execute("SELECT datname FROM pg_stat_activity"
                             " WHERE application_name = 'pg_cron scheduler'").fetchone()
         if seen is None:
@@ -128,7 +140,8 @@ def _pg_cron_loaded(conn: Conn, state: _CronState) -> Check:
                      "listeners' own timers, and nothing prunes old runs",
                      "install postgresql-15-cron, add pg_cron to shared_preload_libraries, set "
                      "cron.database_name, restart PostgreSQL, then pgdispatch install")
-    state.database = _one(conn, "SELECT current_setting('cron.database_name', true) AS v")["v"] or "postgres"
+    row = conn.execute("SELECT setting FROM pg_settings WHERE name = 'cron.database_name'").fetchone()
+    state.database = (row["setting"] if row else None) or "postgres"
     where = "this database" if state.database == here else f"database {state.database}"
     return Check("pg_cron", "ok", f"loaded; its jobs live in {where} (cron.database_name)")
 
@@ -159,6 +172,12 @@ def _tick_job(conn: Conn, url: str, state: _CronState) -> Check:
         return Check("dispatch-tick job", "warn",
                      f"cannot connect to database {state.database} to look: {why}",
                      f"check by hand: {lookup}")
+    usage = cron.execute("SELECT has_schema_privilege(oid, 'USAGE') AS ok FROM pg_namespace"
+                         " WHERE nspname = 'cron'").fetchone()
+    if usage is not None and not usage["ok"]:
+        return Check("dispatch-tick job", "warn",
+                     f"cannot check as this role: it may not use schema cron in database {state.database}",
+                     "run doctor as a superuser or the installing role to check this too")
     if _one(cron, "SELECT to_regclass('cron.job') IS NULL AS missing")["missing"]:
         return Check("dispatch-tick job", "fail",
                      f"extension pg_cron is not created in database {state.database}",
@@ -297,8 +316,21 @@ def _failing(conn: Conn) -> Check:
                  "pgdispatch runs list --failed --schedule ID (the function answers with these errors)")
 
 
-def _guarded(name: str, check: Callable[[], Check]) -> Check:
+def _may_read(conn: Conn, relation: str) -> bool:
+    return bool(_one(conn, "SELECT has_table_privilege(%s, 'SELECT') AS ok", (relation,))["ok"])
+
+
+def _guarded(name: str, check: Callable[[], Check], conn: Conn | None = None, reads: tuple[str, ...] = ()
+             ) -> Check:
+    """Run `check`, unless this role may not read what it reads: then say so rather than leave
+    permission errors in the server log."""
     try:
+        if conn is not None:
+            for relation in reads:
+                if not _may_read(conn, relation):
+                    return Check(name, "warn", f"cannot check as this role: it may not read {relation}",
+                                 "run doctor as a superuser or a role granted dispatch_reader to check "
+                                 "this too")
         return check()
     except psycopg.errors.InsufficientPrivilege as exc:
         return Check(name, "warn", f"cannot check as this role: {exc.diag.message_primary}",
@@ -333,10 +365,12 @@ def run_checks(url: str) -> list[Check]:
                     checks.append(Check("dispatch-tick runs", "skip", "no dispatch-tick job to look at"))
                 else:
                     checks.append(_guarded("dispatch-tick runs", lambda: _tick_runs(conn, url, state)))
-            checks += [_guarded("listeners", lambda: _listeners(conn)),
-                       _guarded("overdue schedules", lambda: _overdue(conn)),
-                       _guarded("stuck runs", lambda: _stuck(conn)),
-                       _guarded("failing schedules", lambda: _failing(conn))]
+            checks += [_guarded("listeners", lambda: _listeners(conn), conn, ("dispatch.listeners",)),
+                       _guarded("overdue schedules", lambda: _overdue(conn), conn,
+                                ("dispatch.schedules", "dispatch.runs")),
+                       _guarded("stuck runs", lambda: _stuck(conn), conn, ("dispatch.runs",)),
+                       _guarded("failing schedules", lambda: _failing(conn), conn,
+                                ("dispatch.schedule_status",))]
         finally:
             if state.conn is not None:
                 state.conn.close()

@@ -150,7 +150,7 @@ class Listener:
     def _ticked(self, marked: int, sweep: bool, listened: bool) -> None:
         self.metrics.ticked()
         if marked:
-            logger.debug("tick marked %d runs", marked,
+            logger.debug("tick marked %d run%s", marked, "" if marked == 1 else "s",
                          extra={"event": "tick", "marked": marked, "sweep": sweep})
         if (marked or sweep) and self._dispatcher is not None:
             self._dispatcher.wake()

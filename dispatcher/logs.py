@@ -1,4 +1,5 @@
-"""JSON logs: one object per line with a stable `event` name and the record's fields.
+"""Logs: one event per line with a stable `event` name and the record's fields, as JSON (for a log
+shipper, the default off a terminal) or as text (for a person at a terminal).
 
 Modules log with `logging.getLogger(__name__)` and pass the event and its fields in `extra`::
 
@@ -15,7 +16,7 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, Any
 
-__all__ = ["JsonFormatter", "configure_logging"]
+__all__ = ["JsonFormatter", "TextFormatter", "configure_logging"]
 
 # Attributes every LogRecord has; anything else on a record came from `extra`.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
@@ -34,18 +35,38 @@ class JsonFormatter(logging.Formatter):
             "event": getattr(record, "event", "log"),
             "message": record.getMessage(),
         }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and key != "event":
-                entry[key] = value
+        entry.update(_fields(record))
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
-def configure_logging(level: str = "info", stream: IO[str] | None = None) -> None:
-    """Send every log record, as JSON lines, to `stream` (default stderr). Call once."""
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter())
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    return {key: value for key, value in vars(record).items() if key not in _STANDARD and key != "event"}
+
+
+class TextFormatter(logging.Formatter):
+    """Format a record as one line for a person: time, level, event, message, then key=value."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        at = datetime.fromtimestamp(record.created).isoformat(sep=" ", timespec="milliseconds")
+        fields = " ".join(f"{key}={json.dumps(value, default=str, ensure_ascii=False)}"
+                          for key, value in _fields(record).items())
+        line = (f"{at} {record.levelname.lower():<7} {getattr(record, 'event', 'log')}: {record.getMessage()}"
+                + (f"  {fields}" if fields else ""))
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure_logging(level: str = "info", stream: IO[str] | None = None, *, log_format: str = "") -> None:
+    """Send every log record to `stream` (default stderr), as text or JSON lines ("": text when the
+    stream is a terminal, else JSON). Call once."""
+    out = stream or sys.stderr
+    if not log_format:
+        log_format = "text" if out.isatty() else "json"
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(TextFormatter() if log_format == "text" else JsonFormatter())
     root = logging.getLogger()
     for old in root.handlers[:]:
         root.removeHandler(old)

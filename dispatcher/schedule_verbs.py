@@ -76,7 +76,8 @@ def _run_now(args: argparse.Namespace) -> int:
     else:
         error = f": {run['error']}" if run["error"] else ""
         http = f", HTTP {run['http_status']}" if run["http_status"] is not None else ""
-        print(f"run {run_id}: {run['status']} after {run['attempt']} attempt(s){http}{error}")
+        attempts = f"{run['attempt']} attempt" + ("" if run["attempt"] == 1 else "s")
+        print(f"run {run_id}: {run['status']} after {attempts}{http}{error}")
     return 0 if run["status"] == "ok" else 1
 
 
@@ -96,7 +97,8 @@ def _backfill(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"schedule_id": schedule_id, **row, "notices": notices})
     else:
-        print(f"schedule {schedule_id}: {row['marked']} slots from {format_value(row['from_ts'])}"
+        slots = f"{row['marked']} slot" + ("" if row["marked"] == 1 else "s")
+        print(f"schedule {schedule_id}: {slots} from {format_value(row['from_ts'])}"
               f" to {format_value(row['to_ts'])} marked for backfill; they run one at a time, oldest first")
         for notice in notices:
             print(notice)

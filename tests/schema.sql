@@ -1315,6 +1315,15 @@ CREATE FUNCTION dispatch._schedule_before_write() RETURNS trigger
 DECLARE
     live boolean;
 BEGIN
+    -- As the CHECK constraint of 0002_schedules.sql says, with a message that names the field.
+    IF NEW.project_id IS NULL OR NEW.project_id !~ '^[^[:space:][:cntrl:]/]{1,200}$'
+       OR NEW.project_id ~ '^[.]{1,2}$' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'invalid_parameter_value',
+            MESSAGE = format('project_id %s is not a project id',
+                             coalesce('"' || left(NEW.project_id, 80) || '"', 'NULL')),
+            HINT = '1 to 200 characters, none of them whitespace, a control character or "/", and not "." or "..": it becomes one segment of the invoke URL''s path.';
+    END IF;
     IF NEW.function_name IS NULL OR NEW.function_name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$' THEN
         RAISE EXCEPTION USING
             ERRCODE = 'invalid_parameter_value',
@@ -1801,6 +1810,8 @@ CREATE FUNCTION dispatch.check_timezone(tz text) RETURNS text
     LANGUAGE plpgsql STABLE PARALLEL SAFE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+    near text;
 BEGIN
     IF tz IS NULL THEN
         RAISE EXCEPTION 'timezone must not be null' USING ERRCODE = 'invalid_parameter_value';
@@ -1809,10 +1820,17 @@ BEGIN
        OR (length(tz) <= 64 AND tz IN (SELECT dispatch._timezone_names())) THEN
         RETURN tz;
     END IF;
+    -- The name meant, when it differs only in case (europe/berlin) or lacks its region (Berlin).
+    IF length(tz) <= 64 THEN
+        SELECT n INTO near FROM dispatch._timezone_names() n
+        WHERE lower(n) = lower(tz) OR lower(n) LIKE '%/' || lower(replace(tz, ' ', '_'))
+        ORDER BY lower(n) = lower(tz) DESC, n LIMIT 1;
+    END IF;
     RAISE EXCEPTION USING
         ERRCODE = 'invalid_parameter_value',
-        MESSAGE = format('timezone "%s" is not a time zone name from the tz database',
-                         CASE WHEN length(tz) > 80 THEN left(tz, 80) || '...' ELSE tz END),
+        MESSAGE = format('timezone "%s" is not a time zone name from the tz database%s',
+                         CASE WHEN length(tz) > 80 THEN left(tz, 80) || '...' ELSE tz END,
+                         coalesce(format('; did you mean %s?', near), '')),
         HINT = 'Use an IANA name such as Europe/Berlin or UTC (see pg_timezone_names); abbreviations such as CEST and offsets such as +05 are refused.';
 END
 $$;

@@ -31,6 +31,8 @@ RETURNS text
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    near text;
 BEGIN
     IF tz IS NULL THEN
         RAISE EXCEPTION 'timezone must not be null' USING ERRCODE = 'invalid_parameter_value';
@@ -39,10 +41,17 @@ BEGIN
        OR (length(tz) <= 64 AND tz IN (SELECT dispatch._timezone_names())) THEN
         RETURN tz;
     END IF;
+    -- The name meant, when it differs only in case (europe/berlin) or lacks its region (Berlin).
+    IF length(tz) <= 64 THEN
+        SELECT n INTO near FROM dispatch._timezone_names() n
+        WHERE lower(n) = lower(tz) OR lower(n) LIKE '%/' || lower(replace(tz, ' ', '_'))
+        ORDER BY lower(n) = lower(tz) DESC, n LIMIT 1;
+    END IF;
     RAISE EXCEPTION USING
         ERRCODE = 'invalid_parameter_value',
-        MESSAGE = format('timezone "%s" is not a time zone name from the tz database',
-                         CASE WHEN length(tz) > 80 THEN left(tz, 80) || '...' ELSE tz END),
+        MESSAGE = format('timezone "%s" is not a time zone name from the tz database%s',
+                         CASE WHEN length(tz) > 80 THEN left(tz, 80) || '...' ELSE tz END,
+                         coalesce(format('; did you mean %s?', near), '')),
         HINT = 'Use an IANA name such as Europe/Berlin or UTC (see pg_timezone_names); abbreviations such as CEST and offsets such as +05 are refused.';
 END
 $$;

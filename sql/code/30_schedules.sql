@@ -66,6 +66,15 @@ AS $$
 DECLARE
     live boolean;
 BEGIN
+    -- As the CHECK constraint of 0002_schedules.sql says, with a message that names the field.
+    IF NEW.project_id IS NULL OR NEW.project_id !~ '^[^[:space:][:cntrl:]/]{1,200}$'
+       OR NEW.project_id ~ '^[.]{1,2}$' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'invalid_parameter_value',
+            MESSAGE = format('project_id %s is not a project id',
+                             coalesce('"' || left(NEW.project_id, 80) || '"', 'NULL')),
+            HINT = '1 to 200 characters, none of them whitespace, a control character or "/", and not "." or "..": it becomes one segment of the invoke URL''s path.';
+    END IF;
     IF NEW.function_name IS NULL OR NEW.function_name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$' THEN
         RAISE EXCEPTION USING
             ERRCODE = 'invalid_parameter_value',

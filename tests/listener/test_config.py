@@ -5,13 +5,15 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from dispatcher.config import ConfigError, load_settings, redact_conninfo
-from dispatcher.logs import JsonFormatter
+from dispatcher.logs import JsonFormatter, TextFormatter, configure_logging
 
 from .kit import PGDISPATCH
 
@@ -137,3 +139,37 @@ def test_json_log_lines() -> None:
         "level": "warning", "logger": "tests.listener.json", "event": "run_finished",
         "message": "run 7 failed", "run_id": 7, "status": "error"}
     assert second["event"] == "log"
+
+
+def test_text_log_lines_on_a_terminal_json_elsewhere(tmp_path: Path) -> None:
+    """--log-format: text for a person (the default when stderr is a terminal), JSON otherwise."""
+    record = logging.LogRecord("dispatcher.x", logging.WARNING, __file__, 1, "run %s failed", (7,), None)
+    record.event, record.run_id, record.error = "run_finished", 7, "HTTP 500: boom"
+    line = TextFormatter().format(record)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} warning run_finished: run 7 failed"
+                        r"  run_id=7 error=\"HTTP 500: boom\"", line), line
+
+    base = {"database_url": URL, "invoke_url": INVOKE}
+    assert load_settings({**base, "log_format": "TEXT"}, {}).log_format == "text"
+    assert load_settings(base, {"PGDISPATCH_LOG_FORMAT": "json"}).log_format == "json"
+    with pytest.raises(ConfigError, match="PGDISPATCH_LOG_FORMAT must be text or json, not 'xml'"):
+        load_settings({**base, "log_format": "xml"}, {})
+
+    # the default follows the stream: a pipe gets JSON, a terminal text
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        piped = io.StringIO()
+        configure_logging("info", piped)
+        logging.getLogger("dispatcher.test").info("hello", extra={"event": "hello"})
+        assert json.loads(piped.getvalue())["event"] == "hello"
+        main, follower = os.openpty()
+        with os.fdopen(follower, "w") as terminal:
+            configure_logging("info", terminal)
+            logging.getLogger("dispatcher.test").info("hello", extra={"event": "hello"})
+            terminal.flush()
+            assert b" info    hello: hello" in os.read(main, 4096)
+        os.close(main)
+    finally:  # put pytest's own handlers back
+        root.handlers[:] = handlers
+        root.setLevel(level)

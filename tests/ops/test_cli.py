@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import re
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from .conftest import Result, run_cli
+from .conftest import PGDISPATCH, Result, run_cli
 
 COMMANDS = [
     [], ["install"], ["doctor"], ["listen"], ["demo"], ["demo-function"], ["schedules"], ["schedules", "add"],
@@ -354,3 +356,39 @@ def test_bad_input_is_one_line_and_exit_2(
     assert message.format(unknown=unknown) in done.err
     assert done.err.count("\n") == 1, done.err
     assert done.out == ""
+
+
+def test_the_cli_speaks_plainly(cli: Callable[..., Result], db: psycopg.Connection, dsn: str) -> None:
+    """For users, not developers: help, type errors, refusals naming the field, a zone's right
+    spelling, quiet on a closed pipe and on Ctrl-C."""
+    top = run_cli("--help")
+    assert top.code == 0 and "Cron schedules that live in PostgreSQL" in top.out
+    assert "module" not in top.out  # no developer docstring
+    typo = cli("schedules", "add", "--project", "acme", "--function", "f", "--cron", "* * * * *",
+               "--max-attempts", "abc")
+    assert (typo.code, typo.err) == (2, "pgdispatch schedules add: argument --max-attempts: must be a whole"
+                                        " number, not 'abc' (see pgdispatch schedules add --help)\n")
+    spaced = cli("schedules", "add", "--project", "ac me", "--function", "f", "--cron", "* * * * *")
+    assert spaced.code == 2 and spaced.err.count("\n") == 1
+    assert spaced.err.startswith('pgdispatch schedules add: project_id "ac me" is not a project id (1 to 200')
+    zone = cli("schedules", "add", "--project", "acme", "--function", "f", "--cron", "* * * * *",
+               "--timezone", "europe/berlin")
+    assert zone.code == 2 and "did you mean Europe/Berlin?" in zone.err
+
+    # a reader that goes away (| head): no "Exception ignored ... BrokenPipeError"
+    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
+               " SELECT 'acme', 'f' || i, '* * * * *' FROM generate_series(1, 600) i")
+    piped = subprocess.run(["bash", "-c", f"'{PGDISPATCH}' schedules list --limit 600 | head -1"],
+                           capture_output=True, text=True, env={"PGDISPATCH_DATABASE_URL": dsn}, check=True)
+    assert piped.stdout.startswith("ID") and piped.stderr == ""
+
+    # Ctrl-C while waiting for a run no listener takes: exit 130, no traceback
+    sid = db.execute("SELECT id FROM dispatch.schedules LIMIT 1").fetchone()[0]  # type: ignore[index]
+    waiting = subprocess.Popen([str(PGDISPATCH), "schedules", "run", str(sid), "--wait"], text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={"PGDISPATCH_DATABASE_URL": dsn})
+    assert waiting.stdout is not None
+    assert waiting.stdout.readline().endswith("waiting for its outcome\n")
+    waiting.send_signal(signal.SIGINT)
+    _, err = waiting.communicate(timeout=10)
+    assert waiting.returncode == 130 and "Traceback" not in err

@@ -11,6 +11,7 @@ import psycopg.conninfo
 import pytest
 
 from dispatcher.migrations import migrations
+from tests.conftest import CLUSTER_DIR
 
 from .conftest import Result, run_cli
 
@@ -190,6 +191,32 @@ def test_as_a_reader_role(dsn: str, db: psycopg.Connection, tick_job: Callable[[
             "running; its jobs live in database postgres (its scheduler's database)")
         job = _check(done, "dispatch-tick job")
         assert job["status"] == "warn"
-        assert job["detail"] == "cannot check as this role: permission denied for schema cron"
+        assert job["detail"] == "cannot check as this role: it may not use schema cron in database postgres"
+    finally:
+        db.execute(f"DROP ROLE {role}")
+
+
+def test_as_the_listener_role_without_errors_in_the_server_log(dsn: str, db: psycopg.Connection) -> None:
+    """dispatch_listener may read none of the tables: doctor checks what it can, says what it could
+    not, and asks the server nothing it would refuse (no ERROR lines in its log)."""
+    role = f"doctor_listener_{db.info.backend_pid}"
+    db.execute(f"CREATE ROLE {role} LOGIN IN ROLE dispatch_listener")
+    log = CLUSTER_DIR / "server.log"
+    before = log.stat().st_size
+    try:
+        done = run_cli("doctor", "--json", url=psycopg.conninfo.make_conninfo(dsn, user=role))
+        statuses = _statuses(done)
+        assert statuses["connection"] == statuses["schema"] == statuses["pg_cron"] == "ok"
+        assert _check(done, "schema")["detail"].endswith("(names not checked: this role may not read "
+                                                         "dispatch.migrations)")
+        for name in ("dispatch-tick job", "listeners", "overdue schedules", "stuck runs",
+                     "failing schedules"):
+            check = _check(done, name)
+            assert check["status"] == "warn"
+            assert check["detail"].startswith("cannot check as this role: it may not")
+        with log.open("rb") as lines:
+            lines.seek(before)
+            written = lines.read().decode(errors="replace")
+        assert [line for line in written.splitlines() if " ERROR: " in line] == []
     finally:
         db.execute(f"DROP ROLE {role}")
