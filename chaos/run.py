@@ -63,7 +63,9 @@ import psycopg
 __all__ = ["PROFILES", "Profile", "Result", "run_chaos"]
 
 ROOT = Path(__file__).resolve().parent.parent
-PGBIN = Path(os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin"))
+_BINDIR = subprocess.run([str(ROOT / "scripts" / "pg-cluster"), "bindir"], check=True, capture_output=True,
+                         text=True).stdout.strip()
+PGBIN = Path(os.environ.get("PGBIN") or _BINDIR)
 PGDISPATCH = Path(sys.executable).parent / "pgdispatch"
 DBNAME = "chaos"
 BASELINE_MODE = {"fail": 0.02, "slow": 0.03}

@@ -138,8 +138,9 @@ def _pg_cron_loaded(conn: Conn, state: _CronState) -> Check:
         return Check("pg_cron", "warn",
                      "not loaded (not in shared_preload_libraries): nothing ticks every minute but the "
                      "listeners' own timers, and nothing prunes old runs",
-                     "install postgresql-15-cron, add pg_cron to shared_preload_libraries, set "
-                     "cron.database_name, restart PostgreSQL, then pgdispatch install")
+                     "install pg_cron (Debian and Ubuntu: postgresql-NN-cron for PostgreSQL NN), add "
+                     "pg_cron to shared_preload_libraries, set cron.database_name, restart PostgreSQL, "
+                     "then pgdispatch install")
     row = conn.execute("SELECT setting FROM pg_settings WHERE name = 'cron.database_name'").fetchone()
     state.database = (row["setting"] if row else None) or "postgres"
     where = "this database" if state.database == here else f"database {state.database}"

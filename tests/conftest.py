@@ -23,7 +23,11 @@ if os.environ.get("CI") == "true":
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_DIR = Path(os.environ.get("PGDISPATCH_TEST_CLUSTER", ROOT / ".pgdata" / "test"))
-PSQL = "/usr/lib/postgresql/15/bin/psql"
+# The PostgreSQL the scripts use: the installed major with pg_cron (scripts/pg-cluster major).
+_BINDIR = subprocess.run([str(ROOT / "scripts" / "pg-cluster"), "bindir"], check=True, capture_output=True,
+                         text=True).stdout.strip()
+PGBIN = Path(os.environ.get("PGBIN") or _BINDIR)
+PSQL = str(PGBIN / "psql")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from dispatcher.migrations import code_files, install, migrations
-from tests.conftest import ROOT, psql
+from tests.conftest import PGBIN, ROOT, psql
 
 SNAPSHOT = ROOT / "tests" / "schema.sql"
 
@@ -35,7 +35,7 @@ def empty_db(db: psycopg.Connection) -> Iterator[str]:
 def schema_dump(dbname: str) -> str:
     out = subprocess.run(
         [
-            "/usr/lib/postgresql/15/bin/pg_dump",
+            str(PGBIN / "pg_dump"),
             "--schema-only",
             "--no-owner",
             "-h",

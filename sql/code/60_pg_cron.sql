@@ -136,10 +136,11 @@ BEGIN
                       'psql -d %s -v dispatch_db=%s -f sql/pg_cron.sql', cron_db, cron_db, current_database());
         problem := dispatch.cron_login_problem(current_database(), current_user);
     ELSE
-        msg := 'pg_cron is not loaded (shared_preload_libraries): nothing calls dispatch.tick() every minute '
-               'nor prunes old runs. Listeners still tick on their own timers; to add the safety net install '
-               'postgresql-15-cron, add pg_cron to shared_preload_libraries, restart, and install again '
-               '(or CALL dispatch.prune() from another scheduler).';
+        msg := format('pg_cron is not loaded (shared_preload_libraries): nothing calls dispatch.tick() every '
+                      'minute nor prunes old runs. Listeners still tick on their own timers; to add the safety '
+                      'net install pg_cron (on Debian and Ubuntu: postgresql-%s-cron), add pg_cron to '
+                      'shared_preload_libraries, restart, and install again (or CALL dispatch.prune() from '
+                      'another scheduler).', current_setting('server_version_num')::integer / 10000);
     END IF;
     IF problem IS NOT NULL THEN
         msg := msg || '. BUT ' || problem;

@@ -20,6 +20,7 @@ import pytest
 
 from dispatcher.cli import _parser
 from dispatcher.config import OPTIONS
+from tests.conftest import PGBIN
 
 from .conftest import run_cli
 
@@ -28,7 +29,6 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is in the test extra: pip inst
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"
-PGBIN = Path("/usr/lib/postgresql/15/bin")
 VENV_BIN = Path(sys.executable).parent
 
 
