@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from dispatcher.cli import _parser
+from dispatcher.cli.main import _parser
 from dispatcher.config import OPTIONS
 from tests.conftest import PGBIN
 

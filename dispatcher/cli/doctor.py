@@ -19,14 +19,14 @@ import psycopg.conninfo
 from psycopg.rows import dict_row
 
 from dispatcher import __version__
-from dispatcher.config import redact_conninfo, resolve_database_url
-from dispatcher.console import (
+from dispatcher.cli.console import (
     APPLICATION_NAME,
     CONNECT_TIMEOUT_S,
     add_connection_arguments,
     format_value,
     print_json,
 )
+from dispatcher.config import redact_conninfo, resolve_database_url
 from dispatcher.migrations import migrations
 
 __all__ = ["Check", "add_commands", "run_checks"]

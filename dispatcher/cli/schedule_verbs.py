@@ -14,8 +14,8 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.console import CommandError, add_connection_arguments, connect, format_value, print_json
-from dispatcher.schedule_rows import database_error, load, parse_schedule_id
+from dispatcher.cli.console import CommandError, add_connection_arguments, connect, format_value, print_json
+from dispatcher.cli.schedule_rows import database_error, load, parse_schedule_id
 
 __all__ = ["add_commands"]
 

@@ -1,6 +1,6 @@
 """`pgdispatch demo-function`: the demo's function endpoint on its own, for a compose stack.
 
-The same app as `pgdispatch demo` serves (dispatcher/demo.py): it prints each call, checks its
+The same app as `pgdispatch demo` serves (dispatcher/cli/demo.py): it prints each call, checks its
 signature (401 when it does not verify) and fails on purpose for the function `always-fails`.
 GET /healthz answers 200 for health checks.
 """
@@ -13,8 +13,8 @@ import signal
 
 from aiohttp import web
 
+from dispatcher.cli.demo import _function_app
 from dispatcher.config import ConfigError, resolve_signing_secret
-from dispatcher.demo import _function_app
 
 __all__ = ["add_commands", "serve"]
 

@@ -16,9 +16,10 @@ from typing import NoReturn
 
 import psycopg
 
-from dispatcher import __version__, admin, demo_function, doctor
+from dispatcher import __version__
+from dispatcher.cli import admin, demo_function, doctor
+from dispatcher.cli.console import CommandError, UsageError, add_connection_arguments, print_json
 from dispatcher.config import OPTIONS, ConfigError, load_settings, resolve_database_url
-from dispatcher.console import CommandError, UsageError, add_connection_arguments, print_json
 from dispatcher.migrations import install
 
 __all__ = ["main"]
@@ -127,7 +128,7 @@ def _listen(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from dispatcher.demo import DemoError, run_demo
+    from dispatcher.cli.demo import DemoError, run_demo
 
     try:
         return run_demo(args.dir)

@@ -30,7 +30,7 @@ from dispatcher.signing import SIGNATURE_HEADER, verify_signature
 
 __all__ = ["DEMO_DATABASE", "DemoError", "run_demo"]
 
-PG_CLUSTER = Path(__file__).parent / "pg-cluster"
+PG_CLUSTER = Path(__file__).parent.parent / "pg-cluster"
 DEMO_DATABASE = "pgdispatch_demo"
 DEMO_PROJECT = "demo"
 # (function, cron expression, time zone, args, what it shows)

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.console import CommandError, UsageError
+from dispatcher.cli.console import CommandError, UsageError
 
 __all__ = ["SCHEDULE", "database_error", "load", "parse_schedule_id"]
 

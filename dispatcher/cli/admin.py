@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from dispatcher import schedule_verbs
-from dispatcher.console import (
+from dispatcher.cli import schedule_verbs
+from dispatcher.cli.console import (
     CommandError,
     UsageError,
     add_connection_arguments,
@@ -25,8 +25,8 @@ from dispatcher.console import (
     print_json,
     print_table,
 )
-from dispatcher.durations import format_duration, parse_duration
-from dispatcher.schedule_rows import SCHEDULE, database_error, load, parse_schedule_id
+from dispatcher.cli.durations import format_duration, parse_duration
+from dispatcher.cli.schedule_rows import SCHEDULE, database_error, load, parse_schedule_id
 
 __all__ = ["add_commands"]
 
