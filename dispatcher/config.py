@@ -77,7 +77,8 @@ OPTIONS: tuple[Option, ...] = (
            "seconds a claimed run is held before another listener may retry it; must exceed the "
            "timeout (default timeout + 30)", "SECONDS"),
     Option("worker_id", "--worker-id", "PGDISPATCH_WORKER_ID",
-           "name of this listener in dispatch.runs.worker and application_name (default host:pid)", "ID"),
+           "name of this listener in dispatch.runs.worker and application_name (default host:pid:random, "
+           "unique per start)", "ID"),
     Option("signing_secret", "--signing-secret-file", "PGDISPATCH_SIGNING_SECRET",
            "sign each request with HMAC-SHA256 (X-Dispatch-Signature): the flag names a file holding "
            "the secret (its bytes, minus one trailing newline), the variable holds the secret itself; "

@@ -1830,7 +1830,7 @@ BEGIN
         ERRCODE = 'invalid_parameter_value',
         MESSAGE = format('timezone "%s" is not a time zone name from the tz database%s',
                          CASE WHEN length(tz) > 80 THEN left(tz, 80) || '...' ELSE tz END,
-                         coalesce(format('; did you mean %s?', near), '')),
+                         CASE WHEN near IS NOT NULL THEN format('; did you mean %s?', near) ELSE '' END),
         HINT = 'Use an IANA name such as Europe/Berlin or UTC (see pg_timezone_names); abbreviations such as CEST and offsets such as +05 are refused.';
 END
 $$;
@@ -2121,7 +2121,7 @@ CREATE FUNCTION dispatch.cron_login_problem(dbname text, role text, host text DE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
 DECLARE
-    node text := coalesce(host, current_setting('cron.host', true), 'localhost');
+    node text := coalesce(host, (SELECT h.setting FROM pg_catalog.pg_settings h WHERE h.name = 'cron.host'), 'localhost');
     ssl boolean := current_setting('ssl', true) = 'on';
     fix constant text := 'set cron.use_background_workers = on in postgresql.conf and restart PostgreSQL '
                          '(pg_cron then runs jobs in background workers, with no login), or let it log in '
@@ -2132,7 +2132,7 @@ DECLARE
     rule record;
     what text;
 BEGIN
-    IF current_setting('cron.use_background_workers', true) = 'on' THEN
+    IF (SELECT w.setting FROM pg_catalog.pg_settings w WHERE w.name = 'cron.use_background_workers') = 'on' THEN
         RETURN NULL;
     END IF;
     IF NOT has_table_privilege('pg_catalog.pg_hba_file_rules', 'SELECT') THEN
@@ -2727,7 +2727,12 @@ CREATE FUNCTION dispatch.register_cron_job() RETURNS text
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
 DECLARE
-    cron_db text := current_setting('cron.database_name', true);
+    -- pg_settings, not current_setting(): a role without pg_read_all_settings sees no row there
+    -- rather than an error; it still sees in which database pg_cron's scheduler runs.
+    cron_db text := coalesce((SELECT s.setting FROM pg_catalog.pg_settings s WHERE s.name = 'cron.database_name'),
+                             (SELECT a.datname FROM pg_catalog.pg_stat_activity a
+                              WHERE a.application_name = 'pg_cron scheduler' LIMIT 1));
+    cron_host text := coalesce((SELECT h.setting FROM pg_catalog.pg_settings h WHERE h.name = 'cron.host'), 'localhost');
     msg text;
     problem text;
 BEGIN
@@ -2749,10 +2754,10 @@ BEGIN
             EXECUTE $sql$UPDATE cron.job SET nodename = $1, nodeport = $2
                          WHERE jobname IN ('dispatch-tick', 'dispatch-prune') AND username = current_user
                            AND (nodename, nodeport) IS DISTINCT FROM ($1, $2)$sql$
-                USING coalesce(current_setting('cron.host', true), 'localhost'), current_setting('port')::integer;
+                USING cron_host, current_setting('port')::integer;
         EXCEPTION WHEN insufficient_privilege THEN
             msg := msg || format(' (as %s it could not move them to cron.host %s: a superuser may run the install '
-                                 'again to do so)', current_user, current_setting('cron.host', true));
+                                 'again to do so)', current_user, cron_host);
         END;
         problem := dispatch.cron_login_problem(current_database(), current_user,
                                                (SELECT j.nodename FROM cron.job j WHERE j.jobname = 'dispatch-tick'
@@ -2771,7 +2776,9 @@ BEGIN
                       'shared_preload_libraries, restart, and install again (or CALL dispatch.prune() from '
                       'another scheduler).', current_setting('server_version_num')::integer / 10000);
     END IF;
-    IF problem IS NOT NULL THEN
+    IF problem LIKE 'cannot tell%' THEN
+        msg := msg || '. Note: ' || problem;  -- not a problem found, one this role cannot rule out
+    ELSIF problem IS NOT NULL THEN
         msg := msg || '. BUT ' || problem;
         RAISE WARNING '%', problem;
     END IF;

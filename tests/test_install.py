@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from dispatcher.migrations import code_files, install, migrations
-from tests.conftest import PGBIN, ROOT, psql
+from tests.conftest import PGBIN, PSQL, ROOT, psql
 
 SNAPSHOT = ROOT / "tests" / "schema.sql"
 
@@ -72,6 +72,27 @@ def test_install_says_where_pg_cron_is(empty_db: str) -> None:
     # The test cluster runs pg_cron in database postgres, not in this one.
     assert "pg_cron lives in database postgres: register the jobs there with" in out
     assert f"psql -d postgres -v dispatch_db={empty_db} -f sql/pg_cron.sql" in out
+
+
+def test_a_non_superuser_with_createrole_installs(db: psycopg.Connection) -> None:
+    """docs/install.md: the database's owner with CREATEROLE is enough; what it may not see of
+    pg_cron (its settings, pg_hba.conf) is found elsewhere or said, never an error."""
+    role, name = f"installer_{db.info.backend_pid}", f"{db.info.dbname}_owned"
+    db.execute(f"CREATE ROLE {role} LOGIN CREATEROLE")
+    db.execute(f'CREATE DATABASE "{name}" OWNER {role}')
+    try:
+        url = f"postgresql://{role}@127.0.0.1:{os.environ['PGDISPATCH_TEST_PORT']}/{name}"
+        done = subprocess.run([PSQL, "-X", "-v", "ON_ERROR_STOP=1", "-d", url, "-f",
+                               str(ROOT / "sql" / "install.sql")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert ("pg_cron lives in database postgres: register the jobs there with psql -d postgres"
+                f" -v dispatch_db={name}") in done.stdout
+        assert "ERROR" not in done.stderr and "WARNING" not in done.stderr
+        assert psql(name, "-Atc", "SELECT dispatch.schema_version()").stdout.strip() == str(len(migrations()))
+    finally:
+        db.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        db.execute(f"DROP OWNED BY {role}")
+        db.execute(f"DROP ROLE {role}")
 
 
 def test_migrations_numbered_without_gaps_and_all_listed_in_install_sql() -> None:

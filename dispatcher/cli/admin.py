@@ -397,7 +397,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _add_slot_arguments(add, required=True)
     add.add_argument("--timezone", default="UTC", help="IANA time zone of the expression (default UTC)")
     add.add_argument("--args", default="{}", help="JSON object sent as the request's args (default {})")
-    add.add_argument("--disabled", action="store_true", help="add it paused")
+    add.add_argument("--disabled", action="store_true", help="add it disabled (enabled = false)")
     _add_policy_arguments(add)
     add_connection_arguments(add)
     add.set_defaults(handler=_add)
@@ -427,8 +427,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_connection_arguments(show)
     show.set_defaults(handler=_show)
 
-    for action, text in (("enable", "resume a schedule: its next slot is computed from now"),
-                         ("disable", "pause a schedule: a pending run of it ends skipped"),
+    for action, text in (("enable", "set enabled: its next slot is computed from now"),
+                         ("disable", "clear enabled (pause records who and why): a pending run ends skipped"),
                          ("delete", "soft-delete a schedule (sets deleted_at; its runs are kept)")):
         parser = actions.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
         parser.add_argument("id", help="schedule id")

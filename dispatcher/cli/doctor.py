@@ -219,7 +219,9 @@ def _tick_runs(conn: Conn, url: str, state: _CronState) -> Check:
     cron, _ = _cron_session(conn, url, state)
     assert cron is not None and state.jobid is not None
     rows = cron.execute(
-        "SELECT runid, status, return_message, start_time, now() - start_time AS ago"
+        # a run that could not connect has no start_time: when it ended is the next best thing
+        "SELECT runid, status, return_message, coalesce(start_time, end_time) AS start_time,"
+        " now() - coalesce(start_time, end_time) AS ago"
         " FROM cron.job_run_details WHERE jobid = %s ORDER BY runid DESC LIMIT %s",
         (state.jobid, JOB_RUNS_CHECKED)).fetchall()
     details = (f"psql -d {state.database} -c \"SELECT start_time, status, return_message"

@@ -51,7 +51,7 @@ BEGIN
         ERRCODE = 'invalid_parameter_value',
         MESSAGE = format('timezone "%s" is not a time zone name from the tz database%s',
                          CASE WHEN length(tz) > 80 THEN left(tz, 80) || '...' ELSE tz END,
-                         coalesce(format('; did you mean %s?', near), '')),
+                         CASE WHEN near IS NOT NULL THEN format('; did you mean %s?', near) ELSE '' END),
         HINT = 'Use an IANA name such as Europe/Berlin or UTC (see pg_timezone_names); abbreviations such as CEST and offsets such as +05 are refused.';
 END
 $$;

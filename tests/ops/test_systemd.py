@@ -123,6 +123,7 @@ def test_unit_file_properties() -> None:
     assert service["Type"] == "notify"
     assert int(service["WatchdogSec"]) > 0
     assert service["Restart"] == "on-failure"
+    assert service["RestartPreventExitStatus"] == "2"  # a configuration error is said once, not every 2 s
     assert service["DynamicUser"] == "yes"
     for option in ("NoNewPrivileges", "PrivateTmp", "ProtectHome", "PrivateDevices"):
         assert service[option] == "yes", option
