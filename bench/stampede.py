@@ -1,0 +1,114 @@
+"""Stampede benchmark: the top of the hour for 100,000 tenants on `0 * * * *`, no jitter.
+
+    .venv/bin/python -m bench.stampede [--schedules 100000] [--listeners 1,2] [--concurrency 64]
+
+Every schedule is due at the same instant. First the marking alone: dispatch.tick() at that
+instant, called by this process with no listener running, timed and rolled back. Then, for each
+--listeners count, real `pgdispatch listen` processes whose timers tick at the instant, against
+one nginx sink (bench/sink.py): when the first, the median and the last request arrived after
+the instant, the listeners' peak RSS, and whether any lease expired (a run claimed twice).
+
+Goals (issue #15): first invocation ≤ 0.5 s after the instant; all invoked ≤ 15 s with one
+listener, ≤ 12 s with two; RSS ≤ 150 MB; no lease expiring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import psycopg
+
+from bench.common import record, recreate_database, start_cluster, stop_cluster
+from bench.dispatch import end_to_end, listeners
+from bench.sink import NginxSink
+
+ROOT = Path(__file__).resolve().parent.parent
+DATABASE = "bench_stampede"
+
+__all__ = ["measure"]
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def marking_s(db: psycopg.Connection, schedules: int) -> float:
+    """How long dispatch.tick() takes to mark `schedules` due at one instant (rolled back)."""
+    with db.transaction(force_rollback=True):
+        instant = db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('second', now())"
+                             " + interval '1 hour' RETURNING next_run_at").fetchone()
+        assert instant is not None
+        started = time.perf_counter()
+        marked = db.execute("SELECT dispatch.tick(%s)", instant).fetchone()
+        took = time.perf_counter() - started
+    assert marked == (schedules,), marked
+    return took
+
+
+def measure(*, schedules: int, listener_counts: list[int], concurrency: int, data_dir: Path,
+            log_level: str = "info") -> dict[str, float]:
+    port = start_cluster(data_dir, fast=True)
+    results: dict[str, float] = {}
+    try:
+        url = recreate_database(port, DATABASE)
+        with NginxSink() as sink, psycopg.connect(url, autocommit=True) as db:
+            print(f"stampede: {schedules:,} schedules on '0 * * * *', no jitter, all due at one instant; "
+                  f"nginx sink; {os.cpu_count()} CPUs shared by PostgreSQL, sink and listeners")
+            db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
+                       " SELECT 'bench', 'sink', '0 * * * *', jsonb_build_object('i', i)"
+                       " FROM generate_series(1, %s) i", (schedules,))
+            db.execute("VACUUM ANALYZE dispatch.schedules")
+            results["stampede_mark_s"] = marking_s(db, schedules)
+            print(f"  marking alone: dispatch.tick() marks {schedules:,} in "
+                  f"{results['stampede_mark_s']:.2f} s")
+            for count in listener_counts:
+                with listeners(count, url=url, template=sink.template, concurrency=concurrency,
+                               log_dir=data_dir, log_level=log_level) as pids:
+                    result = end_to_end(db, sink, runs=schedules, listener_pids=pids,
+                                        pg_dir=data_dir / "data")
+                    rss = max(peak_rss_mb(pid) for pid in pids)
+                instant_runs = db.execute(
+                    "SELECT count(*) FILTER (WHERE attempt > 1), count(*) FILTER (WHERE status <> 'ok')"
+                    " FROM dispatch.runs WHERE scheduled_for = (SELECT max(scheduled_for) FROM dispatch.runs)"
+                ).fetchone()
+                assert instant_runs is not None
+                seconds = [latency / 1000 for latency in result.latencies]
+                first, median, last = min(seconds), statistics.median(seconds), max(seconds)
+                key = f"stampede_{count}l"
+                results |= {f"{key}_first_s": first, f"{key}_median_s": median, f"{key}_last_s": last,
+                            f"{key}_rss_mb": rss, f"{key}_retried": float(instant_runs[0]),
+                            f"{key}_rate": result.rate}
+                print(f"  {count} listener(s): first request {first:.2f} s after the instant, median "
+                      f"{median:.2f} s, last {last:.2f} s ({result.rate:,.0f} runs/s); peak RSS "
+                      f"{rss:.0f} MB; runs claimed more than once (a lease expired) {instant_runs[0]}; "
+                      f"not ok {instant_runs[1]}")
+                db.execute("TRUNCATE dispatch.runs, dispatch.audit_log")
+    finally:
+        stop_cluster(data_dir, check=False)
+    record(**results)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--schedules", type=int, default=100_000)
+    parser.add_argument("--listeners", default="1,2", help="listener processes, comma-separated counts")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--dir", type=Path, default=ROOT / ".pgdata" / "bench-stampede")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args()
+    measure(schedules=args.schedules, listener_counts=[int(n) for n in args.listeners.split(",")],
+            concurrency=args.concurrency, data_dir=args.dir, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()
