@@ -362,6 +362,12 @@ class Database:
                                  timeout_s=TICK_TIMEOUT_S)
         return int(rows[0]["marked"]), rows[0]["covered"]
 
+    async def tick_chunk(self, max_runs: int) -> int:
+        """Mark at most max_runs of the due slots no run policy has to decide; how many it marked."""
+        rows = await self._fetch("SELECT dispatch.tick_chunk(%s) AS marked", (max_runs,),
+                                 timeout_s=TICK_TIMEOUT_S)
+        return int(rows[0]["marked"])
+
     async def lost_runs_after(self, after_id: int | None) -> tuple[int, int]:
         """Runs that ended lost after audit row `after_id` (None: 0, and where to start), and the id
         to pass next time."""

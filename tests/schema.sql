@@ -1074,6 +1074,114 @@ $$;
 
 
 --
+-- Name: _mark_due(timestamp with time zone, integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._mark_due(horizon timestamp with time zone, max_runs integer) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    AS $$
+DECLARE
+    requeued integer := 0;
+    marked integer;
+    by_policy uuid[];
+    sid uuid;
+    moved boolean := false;
+BEGIN
+    IF max_runs IS NULL THEN
+        requeued := dispatch._expire_leases();
+    END IF;
+
+    -- Due schedules, each locked or left to the tick that holds it. A schedule whose run is open
+    -- is not even locked when its overlap policy has nothing to add (skip; buffer_one with its
+    -- buffer full).
+    BEGIN
+        WITH due AS MATERIALIZED (
+            SELECT s.id, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
+                   s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
+                   AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter) AS plain
+            FROM dispatch.schedules s
+            LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
+            CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
+                                WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
+                                  AND NOT dispatch._waits_its_turn(x)) o
+            WHERE s.next_run_at <= horizon
+              AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
+              AND (max_runs IS NULL
+                   OR (s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
+                       AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)))
+            LIMIT max_runs  -- NULL: all
+            FOR NO KEY UPDATE OF s SKIP LOCKED
+        ), slot AS (
+            -- The slot to run: next_run_at when on time (cron slots are at least a minute apart,
+            -- interval slots every_us, so none was missed) or under catchup all (the oldest
+            -- first); under catchup latest, the most recent slot due, the missed ones coalesced
+            -- into it.
+            SELECT d.id, d.next_run_at AS due_at,
+                   CASE WHEN horizon - d.next_run_at < coalesce((d.cron_spec).every_us * interval '1 microsecond',
+                                                                interval '1 minute')
+                             OR d.catchup = 'all' THEN d.next_run_at
+                        ELSE coalesce(dispatch._cron_latest(d.cron_spec, d.next_run_at - interval '1 microsecond',
+                                                            horizon, d.timezone),
+                                      d.next_run_at)
+                   END AS scheduled_for,
+                   d.jitter
+            FROM due d WHERE d.plain
+        ), fire AS (
+            SELECT x.id, x.scheduled_for,
+                   x.scheduled_for + CASE WHEN x.jitter > interval '0'
+                                          THEN dispatch.jitter_offset(x.id, x.scheduled_for, x.jitter)
+                                          ELSE interval '0' END AS fire_at
+            FROM slot x
+        ), new_runs AS (
+            -- a slot whose jittered instant is still ahead waits for it (not_before)
+            INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, not_before)
+            SELECT f.id, f.scheduled_for, f.fire_at, CASE WHEN f.fire_at > horizon THEN f.fire_at END FROM fire f
+            ON CONFLICT DO NOTHING  -- cannot happen given the above; never an error if it did
+            RETURNING 1
+        ), coalesced AS (
+            -- skip and buffer_one stay on the slot they run until it finishes (a data-modifying
+            -- WITH runs whether or not it is read)
+            UPDATE dispatch.schedules s SET next_run_at = x.scheduled_for
+            FROM slot x WHERE s.id = x.id AND x.scheduled_for <> x.due_at
+        )
+        SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.plain)
+        INTO marked, by_policy
+        FROM due d;
+    EXCEPTION WHEN OTHERS THEN
+        -- A slot that cannot be computed (a zone gone from the tz database) fails the statement
+        -- for every schedule in it: each due schedule then goes on its own, and only that one
+        -- backs off.
+        -- A chunk (max_runs) leaves them to the unlimited tick that follows it.
+        marked := 0;
+        IF max_runs IS NULL THEN
+            by_policy := ARRAY(SELECT s.id FROM dispatch.schedules s WHERE s.next_run_at <= horizon
+                               FOR NO KEY UPDATE SKIP LOCKED);
+        END IF;
+    END;
+
+    FOREACH sid IN ARRAY coalesce(by_policy, '{}') LOOP
+        marked := marked + dispatch._tick_schedule_guarded(sid, horizon);
+        moved := true;
+    END LOOP;
+
+    -- Retries whose back-off is over wait for a claim like the runs just marked.
+    IF marked + requeued > 0
+       OR EXISTS (SELECT 1 FROM dispatch.runs r WHERE r.status = 'pending' AND r.not_before <= clock_timestamp()) THEN
+        PERFORM pg_notify('dispatch', json_build_object('marked', marked, 'requeued', requeued)::text);
+    END IF;
+    IF moved THEN
+        PERFORM pg_notify('dispatch', 'schedules');  -- next_run_at may have moved: listeners re-plan
+    END IF;
+    RETURN marked;
+END
+$$;
+
+
+--
 -- Name: _missed(dispatch.runs, dispatch.schedules); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -2964,106 +3072,19 @@ COMMENT ON FUNCTION dispatch.schema_version() IS 'The highest migration applied 
 CREATE FUNCTION dispatch.tick(now timestamp with time zone DEFAULT now()) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
-    SET enable_seqscan TO 'off'
-    SET enable_hashjoin TO 'off'
-    SET enable_mergejoin TO 'off'
     AS $$
-DECLARE
-    horizon constant timestamptz := tick.now;
-    requeued integer;
-    marked integer;
-    by_policy uuid[];
-    sid uuid;
-    moved boolean := false;
 BEGIN
     -- Marking ahead of the clock fires schedules early: for tests and backfills by an
     -- administrator, never for a listener (invariant 5).
-    IF horizon > clock_timestamp()
+    IF tick.now > clock_timestamp()
        AND NOT pg_has_role(session_user, 'dispatch_admin', 'MEMBER')
        AND NOT pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'dispatch'),
                            'MEMBER') THEN
-        RAISE EXCEPTION 'dispatch.tick(%) marks ahead of the database''s clock, which only dispatch_admin may do', horizon
+        RAISE EXCEPTION 'dispatch.tick(%) marks ahead of the database''s clock, which only dispatch_admin may do', tick.now
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Call dispatch.tick() without an argument: it marks what is due now.';
     END IF;
-
-    requeued := dispatch._expire_leases();
-
-    -- Due schedules, each locked or left to the tick that holds it. A schedule whose run is open
-    -- is not even locked when its overlap policy has nothing to add (skip; buffer_one with its
-    -- buffer full).
-    BEGIN
-        WITH due AS MATERIALIZED (
-            SELECT s.id, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
-                   s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
-                   AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter) AS plain
-            FROM dispatch.schedules s
-            LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
-            CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
-                                WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
-                                  AND NOT dispatch._waits_its_turn(x)) o
-            WHERE s.next_run_at <= horizon
-              AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
-            FOR NO KEY UPDATE OF s SKIP LOCKED
-        ), slot AS (
-            -- The slot to run: next_run_at when on time (cron slots are at least a minute apart,
-            -- interval slots every_us, so none was missed) or under catchup all (the oldest
-            -- first); under catchup latest, the most recent slot due, the missed ones coalesced
-            -- into it.
-            SELECT d.id, d.next_run_at AS due_at,
-                   CASE WHEN horizon - d.next_run_at < coalesce((d.cron_spec).every_us * interval '1 microsecond',
-                                                                interval '1 minute')
-                             OR d.catchup = 'all' THEN d.next_run_at
-                        ELSE coalesce(dispatch._cron_latest(d.cron_spec, d.next_run_at - interval '1 microsecond',
-                                                            horizon, d.timezone),
-                                      d.next_run_at)
-                   END AS scheduled_for,
-                   d.jitter
-            FROM due d WHERE d.plain
-        ), fire AS (
-            SELECT x.id, x.scheduled_for,
-                   x.scheduled_for + CASE WHEN x.jitter > interval '0'
-                                          THEN dispatch.jitter_offset(x.id, x.scheduled_for, x.jitter)
-                                          ELSE interval '0' END AS fire_at
-            FROM slot x
-        ), new_runs AS (
-            -- a slot whose jittered instant is still ahead waits for it (not_before)
-            INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, not_before)
-            SELECT f.id, f.scheduled_for, f.fire_at, CASE WHEN f.fire_at > horizon THEN f.fire_at END FROM fire f
-            ON CONFLICT DO NOTHING  -- cannot happen given the above; never an error if it did
-            RETURNING 1
-        ), coalesced AS (
-            -- skip and buffer_one stay on the slot they run until it finishes (a data-modifying
-            -- WITH runs whether or not it is read)
-            UPDATE dispatch.schedules s SET next_run_at = x.scheduled_for
-            FROM slot x WHERE s.id = x.id AND x.scheduled_for <> x.due_at
-        )
-        SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.plain)
-        INTO marked, by_policy
-        FROM due d;
-    EXCEPTION WHEN OTHERS THEN
-        -- A slot that cannot be computed (a zone gone from the tz database) fails the statement
-        -- for every schedule in it: each due schedule then goes on its own, and only that one
-        -- backs off.
-        marked := 0;
-        by_policy := ARRAY(SELECT s.id FROM dispatch.schedules s WHERE s.next_run_at <= horizon
-                           FOR NO KEY UPDATE SKIP LOCKED);
-    END;
-
-    FOREACH sid IN ARRAY coalesce(by_policy, '{}') LOOP
-        marked := marked + dispatch._tick_schedule_guarded(sid, horizon);
-        moved := true;
-    END LOOP;
-
-    -- Retries whose back-off is over wait for a claim like the runs just marked.
-    IF marked + requeued > 0
-       OR EXISTS (SELECT 1 FROM dispatch.runs r WHERE r.status = 'pending' AND r.not_before <= clock_timestamp()) THEN
-        PERFORM pg_notify('dispatch', json_build_object('marked', marked, 'requeued', requeued)::text);
-    END IF;
-    IF moved THEN
-        PERFORM pg_notify('dispatch', 'schedules');  -- next_run_at may have moved: listeners re-plan
-    END IF;
-    RETURN marked;
+    RETURN dispatch._mark_due(tick.now, NULL);
 END
 $$;
 
@@ -3073,6 +3094,31 @@ $$;
 --
 
 COMMENT ON FUNCTION dispatch.tick(now timestamp with time zone) IS 'Expire leases by the real clock, then mark every live schedule due at or before "now" as a pending run (idempotent per slot), following its run policies: slots missed beyond misfire_grace end skipped, catchup latest or all, overlap skip, buffer_one or allow. Also moves a schedule found on a finished slot past it and records a skipped run for each back-off instant reached. NOTIFY dispatch when there is work. Returns how many runs it marked. Never waits on a row another transaction holds. A "now" ahead of the clock needs dispatch_admin. Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
+
+
+--
+-- Name: tick_chunk(integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.tick_chunk(max_runs integer) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF max_runs IS NULL OR max_runs < 1 THEN
+        RAISE EXCEPTION 'dispatch.tick_chunk(%): max_runs must be 1 or more', max_runs
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN dispatch._mark_due(now(), max_runs);
+END
+$$;
+
+
+--
+-- Name: FUNCTION tick_chunk(max_runs integer); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.tick_chunk(max_runs integer) IS 'Mark at most max_runs due slots now, of the schedules no run policy has to decide (on time, no run open, overlap skip or buffer_one), and NOTIFY dispatch when it marked any. Returns how many it marked. Listeners call it with growing sizes when a slot comes due, so that 100,000 schedules due at one instant are claimed from the first chunk on rather than after one long statement; then dispatch.tick() for the rest (policies, lease expiry). Never waits on a row another transaction holds.';
 
 
 --
@@ -3822,6 +3868,13 @@ REVOKE ALL ON FUNCTION dispatch._follow_up(schedule_ids uuid[]) FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION _mark_due(horizon timestamp with time zone, max_runs integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._mark_due(horizon timestamp with time zone, max_runs integer) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _missed(r dispatch.runs, s dispatch.schedules); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -4196,6 +4249,15 @@ GRANT ALL ON FUNCTION dispatch.schema_version() TO dispatch_admin;
 REVOKE ALL ON FUNCTION dispatch.tick(now timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.tick(now timestamp with time zone) TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch.tick(now timestamp with time zone) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION tick_chunk(max_runs integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.tick_chunk(max_runs integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.tick_chunk(max_runs integer) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.tick_chunk(max_runs integer) TO dispatch_admin;
 
 
 --

@@ -80,6 +80,36 @@ def test_concurrent_ticks_never_mark_a_slot_twice(db: psycopg.Connection, connec
     assert scalar(db, "SELECT count(*) FROM dispatch.runs") == 300
 
 
+def test_tick_chunk_marks_at_most_its_size_and_leaves_policies_to_tick(db: psycopg.Connection) -> None:
+    for _ in range(10):
+        add_schedule(db)
+    allow = add_schedule(db, overlap="allow")  # run policies decide: only tick() marks it
+    make_due(db)
+    assert [scalar(db, "SELECT dispatch.tick_chunk(4)") for _ in range(4)] == [4, 4, 2, 0]
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE schedule_id = %s", (allow,)) == 0
+    assert scalar(db, "SELECT dispatch.tick()") == 1
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs") == 11
+    with pytest.raises(errors.InvalidParameterValue, match="max_runs must be 1 or more"):
+        db.execute("SELECT dispatch.tick_chunk(0)")
+
+
+def test_a_chunk_held_open_is_skipped_not_waited_for(db: psycopg.Connection, connect: Connect) -> None:
+    # Invariant 3: another tick's chunk (or a user's transaction) holding due schedules delays
+    # only those; the rest are marked at once, and nothing is marked twice.
+    for _ in range(10):
+        add_schedule(db)
+    make_due(db)
+    holder = connect(autocommit=False)
+    assert scalar(holder, "SELECT dispatch.tick_chunk(4)") == 4
+    other = connect()
+    other.execute("SET statement_timeout = '5s'")  # waiting would fail the test, not hang it
+    assert scalar(other, "SELECT dispatch.tick_chunk(100)") == 6
+    assert scalar(other, "SELECT dispatch.tick()") == 0
+    holder.commit()
+    assert scalar(db, "SELECT count(*), count(DISTINCT schedule_id) FROM dispatch.runs") == 10
+    assert scalar(db, "SELECT count(DISTINCT schedule_id) FROM dispatch.runs") == 10
+
+
 def test_concurrent_claims_never_return_the_same_run(db: psycopg.Connection, connect: Connect) -> None:
     db.execute(
         "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"

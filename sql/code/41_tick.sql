@@ -269,7 +269,11 @@ EXCEPTION WHEN OTHERS THEN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION dispatch.tick(now timestamptz DEFAULT now())
+-- The marking both public functions share: up to max_runs (NULL: all) due slots. With a limit,
+-- only the schedules no run policy has to decide (the bulk kind: the stampede at the top of the
+-- hour), so that each call commits a chunk the listeners can claim at once; a final unlimited
+-- call does the rest, lease expiry and policies included.
+CREATE OR REPLACE FUNCTION dispatch._mark_due(horizon timestamptz, max_runs integer)
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -283,25 +287,15 @@ SET enable_hashjoin = off
 SET enable_mergejoin = off
 AS $$
 DECLARE
-    horizon constant timestamptz := tick.now;
-    requeued integer;
+    requeued integer := 0;
     marked integer;
     by_policy uuid[];
     sid uuid;
     moved boolean := false;
 BEGIN
-    -- Marking ahead of the clock fires schedules early: for tests and backfills by an
-    -- administrator, never for a listener (invariant 5).
-    IF horizon > clock_timestamp()
-       AND NOT pg_has_role(session_user, 'dispatch_admin', 'MEMBER')
-       AND NOT pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'dispatch'),
-                           'MEMBER') THEN
-        RAISE EXCEPTION 'dispatch.tick(%) marks ahead of the database''s clock, which only dispatch_admin may do', horizon
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'Call dispatch.tick() without an argument: it marks what is due now.';
+    IF max_runs IS NULL THEN
+        requeued := dispatch._expire_leases();
     END IF;
-
-    requeued := dispatch._expire_leases();
 
     -- Due schedules, each locked or left to the tick that holds it. A schedule whose run is open
     -- is not even locked when its overlap policy has nothing to add (skip; buffer_one with its
@@ -318,6 +312,10 @@ BEGIN
                                   AND NOT dispatch._waits_its_turn(x)) o
             WHERE s.next_run_at <= horizon
               AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
+              AND (max_runs IS NULL
+                   OR (s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
+                       AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)))
+            LIMIT max_runs  -- NULL: all
             FOR NO KEY UPDATE OF s SKIP LOCKED
         ), slot AS (
             -- The slot to run: next_run_at when on time (cron slots are at least a minute apart,
@@ -359,9 +357,12 @@ BEGIN
         -- A slot that cannot be computed (a zone gone from the tz database) fails the statement
         -- for every schedule in it: each due schedule then goes on its own, and only that one
         -- backs off.
+        -- A chunk (max_runs) leaves them to the unlimited tick that follows it.
         marked := 0;
-        by_policy := ARRAY(SELECT s.id FROM dispatch.schedules s WHERE s.next_run_at <= horizon
-                           FOR NO KEY UPDATE SKIP LOCKED);
+        IF max_runs IS NULL THEN
+            by_policy := ARRAY(SELECT s.id FROM dispatch.schedules s WHERE s.next_run_at <= horizon
+                               FOR NO KEY UPDATE SKIP LOCKED);
+        END IF;
     END;
 
     FOREACH sid IN ARRAY coalesce(by_policy, '{}') LOOP
@@ -380,5 +381,43 @@ BEGIN
     RETURN marked;
 END
 $$;
+
+CREATE OR REPLACE FUNCTION dispatch.tick(now timestamptz DEFAULT now())
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- Marking ahead of the clock fires schedules early: for tests and backfills by an
+    -- administrator, never for a listener (invariant 5).
+    IF tick.now > clock_timestamp()
+       AND NOT pg_has_role(session_user, 'dispatch_admin', 'MEMBER')
+       AND NOT pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'dispatch'),
+                           'MEMBER') THEN
+        RAISE EXCEPTION 'dispatch.tick(%) marks ahead of the database''s clock, which only dispatch_admin may do', tick.now
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Call dispatch.tick() without an argument: it marks what is due now.';
+    END IF;
+    RETURN dispatch._mark_due(tick.now, NULL);
+END
+$$;
 COMMENT ON FUNCTION dispatch.tick(timestamptz) IS
     'Expire leases by the real clock, then mark every live schedule due at or before "now" as a pending run (idempotent per slot), following its run policies: slots missed beyond misfire_grace end skipped, catchup latest or all, overlap skip, buffer_one or allow. Also moves a schedule found on a finished slot past it and records a skipped run for each back-off instant reached. NOTIFY dispatch when there is work. Returns how many runs it marked. Never waits on a row another transaction holds. A "now" ahead of the clock needs dispatch_admin. Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
+
+CREATE OR REPLACE FUNCTION dispatch.tick_chunk(max_runs integer)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF max_runs IS NULL OR max_runs < 1 THEN
+        RAISE EXCEPTION 'dispatch.tick_chunk(%): max_runs must be 1 or more', max_runs
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN dispatch._mark_due(now(), max_runs);
+END
+$$;
+COMMENT ON FUNCTION dispatch.tick_chunk(integer) IS
+    'Mark at most max_runs due slots now, of the schedules no run policy has to decide (on time, no run open, overlap skip or buffer_one), and NOTIFY dispatch when it marked any. Returns how many it marked. Listeners call it with growing sizes when a slot comes due, so that 100,000 schedules due at one instant are claimed from the first chunk on rather than after one long statement; then dispatch.tick() for the rest (policies, lease expiry). Never waits on a row another transaction holds.';

@@ -53,6 +53,7 @@ TO dispatch_listener, dispatch_reader, dispatch_admin;
 
 GRANT EXECUTE ON FUNCTION
     dispatch.tick(timestamptz),
+    dispatch.tick_chunk(integer),
     dispatch.claim_runs(text, integer, interval, interval),
     dispatch.complete_runs(text, bigint[], integer[], text[], text[], integer[], integer[], boolean[], integer[]),
     dispatch.release_runs(text, bigint[], integer[]),
@@ -85,6 +86,7 @@ GRANT EXECUTE ON FUNCTION
     dispatch._prune_runs(bigint, bigint),
     dispatch._prune_audit(bigint, bigint),
     dispatch.tick(timestamptz),
+    dispatch.tick_chunk(integer),
     dispatch.next_due_at(),
     dispatch.next_due_after(timestamptz),
     dispatch.pause(uuid, text),

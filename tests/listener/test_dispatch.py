@@ -9,8 +9,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+import pytest
 from aiohttp import web
 
+from dispatcher import clock
 from dispatcher.database import _int_array, _text_array
 
 from .kit import Call, Running, Sink, add_schedules, mark_all_due, scalar, until
@@ -67,6 +69,36 @@ async def test_three_listeners_share_2000_slots_without_duplicates(
     workers = dict(db.execute("SELECT worker, count(*) FROM dispatch.runs GROUP BY worker").fetchall())
     assert set(workers) <= {"test-1", "test-2", "test-3"}
     assert db.execute("SELECT max(attempt) FROM dispatch.runs").fetchone() == (1,)
+
+
+async def test_two_listeners_mark_a_big_instant_in_chunks_and_claim_from_the_first(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue #15's stampede in small: both clocks mark the instant in chunks (dispatch.tick_chunk)
+    # at the same time. A chunk that comes back short because the other listener's chunk holds
+    # rows must not end the marking early: with the sweep an hour away, a run left unmarked
+    # would never be invoked within the test.
+    monkeypatch.setattr(clock, "FIRST_CHUNK", 20)
+    monkeypatch.setattr(clock, "MAX_CHUNK", 80)
+    add_schedules(db, 600)
+    for _ in range(2):
+        await start_listener(sweep_interval_s=3600)
+    with db.transaction():
+        db.execute("UPDATE dispatch.schedules"
+                   " SET next_run_at = date_trunc('milliseconds', now()) + interval '1 s'")
+        db.execute("SELECT pg_notify('dispatch', 'schedules')")
+
+    await until(lambda: scalar(adb, "SELECT count(*) = 600 FROM dispatch.runs WHERE status = 'ok'"),
+                within=30, what="600 runs recorded ok")
+    request_ids = {row[0] for row in db.execute("SELECT request_id FROM dispatch.runs")}
+    assert sink.by_request_id() == dict.fromkeys(request_ids, 1)
+    chunks, last_marked = db.execute(
+        "SELECT count(DISTINCT created_at), extract(epoch FROM max(created_at))::float8 FROM dispatch.runs"
+    ).fetchone() or (0, 0.0)
+    assert chunks >= 5, f"the instant was marked in {chunks} transactions"
+    first_request = min(call.arrived_wall for call in sink.calls)
+    assert first_request < last_marked, "claiming waited for the whole instant to be marked"
 
 
 async def test_notify_wakes_the_listener_within_a_second(
