@@ -94,7 +94,7 @@ async def bare_invoker(template: str, *, total: int, concurrency: int) -> float:
     for i in range(total):
         queue.put_nowait(Run(
             run_id=i, schedule_id="00000000-0000-0000-0000-000000000000", project_id="bench",
-            function_name="sink", args={"i": i}, request_id=f"bare_{i}", scheduled_for=now,
+            function_name="sink", args_json=f'{{"i": {i}}}', request_id=f"bare_{i}", scheduled_for=now,
             attempt=1, lease_until=now, lease_deadline=0.0))
 
     async with new_session(concurrency=concurrency) as session:

@@ -4,7 +4,8 @@ It sleeps until the earliest next_run_at after the instant its last tick covered
 (dispatch.next_due_after, by the database's clock) and calls dispatch.tick() then, after
 marking in chunks (dispatch.tick_chunk, FIRST_CHUNK runs, then twice as many each time): with
 100,000 schedules due at one instant, claiming starts once the first chunk is committed rather
-than after one statement of a few seconds. The chunks go on while each comes back full; the
+than after one statement of a few seconds. The chunks go on while each takes as many due
+schedules as it may; the
 unlimited tick that ends them marks whatever they left (the run policies' cases, rows another
 tick held) and is what the instant covered is taken from. Planning
 from the instant covered rather than from now, a slot that comes due between a tick and a
@@ -139,9 +140,12 @@ class Clock:
         """Chunks while they come back full, then dispatch.tick(); each chunk that marked is
         reported at once (the claimer starts on it), the tick's count with the final call."""
         chunk = FIRST_CHUNK
-        while (marked := await self._db.tick_chunk(chunk)) == chunk:
-            self._on_tick(marked, False, False)
+        while True:
+            # "taken", not "marked": a chunk can take schedules that a concurrent tick marked
+            # after this one's snapshot, and comes back short of runs although more are due.
+            marked, taken = await self._db.tick_chunk(chunk)
+            if marked:
+                self._on_tick(marked, False, False)
+            if taken < chunk:
+                return await self._db.tick()
             chunk = min(2 * chunk, MAX_CHUNK)
-        if marked:
-            self._on_tick(marked, False, False)
-        return await self._db.tick()

@@ -25,7 +25,8 @@ import psycopg
 import psycopg.conninfo
 from psycopg import errors, pq, waiting
 from psycopg.abc import RV, PQGen
-from psycopg.rows import dict_row
+from psycopg.rows import AsyncRowFactory, Row, dict_row, tuple_row
+from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from dispatcher.runs import Outcome, Run
@@ -68,6 +69,10 @@ CONNECTION_WAIT_S = 5.0
 # connection that broke meanwhile fails its call, which the callers already retry.
 CHECK_AFTER_IDLE_S = 1.0
 _COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+_CLAIM = (
+    "SELECT run_id, schedule_id, project_id, function_name, args, request_id, scheduled_for, attempt,"
+    " lease_until, timeout, fire_at FROM dispatch.claim_runs(%s, %s, %s, %s)"
+)
 # What a server (or libpq) says when waiting will not help: the configuration is wrong.
 # Connection failures carry no SQLSTATE, so the message is all there is; an unrecognised
 # failure counts as transient, and the listener waits for the database as before.
@@ -123,6 +128,14 @@ def _text_array(values: Sequence[str | None]) -> str:
         "NULL" if value is None else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
         for value in values
     ) + "}"
+
+
+async def _load_as_text(conn: LiveConnection) -> None:
+    """Claimed runs keep jsonb and uuid as the server's text: the args are spliced into the request
+    body as they are (parsing and re-encoding them cost more than the rest of building it), and a
+    schedule id is only ever sent on as text."""
+    for type_name in ("jsonb", "uuid"):
+        conn.adapters.register_loader(type_name, TextLoader)
 
 
 class Recorded(NamedTuple):
@@ -219,6 +232,7 @@ class Database:
             with_liveness(self._conninfo),
             connection_class=LiveConnection,
             kwargs={"autocommit": True, "application_name": self._application_name},
+            configure=_load_as_text,
             min_size=self._pool_size,
             max_size=self._pool_size,
             open=False,
@@ -267,13 +281,17 @@ class Database:
 
     async def _fetch(self, query: str, params: tuple[Any, ...] = (), *, timeout_s: float | None = None
                      ) -> list[dict[str, Any]]:
+        return await self._rows(query, params, dict_row, timeout_s=timeout_s)
+
+    async def _rows(self, query: str, params: tuple[Any, ...], row_factory: AsyncRowFactory[Row], *,
+                    timeout_s: float | None = None) -> list[Row]:
         limit = timeout_s or self._call_timeout_s
         try:
             # The bound covers waiting for a connection, checking it and the statement: a call on
             # a path that died silently is cancelled (psycopg then closes that connection).
             async with asyncio.timeout(limit):
                 async with self.pool.connection(timeout=min(CONNECTION_WAIT_S, limit)) as conn:
-                    cursor = conn.cursor(row_factory=dict_row)
+                    cursor = conn.cursor(row_factory=row_factory)
                     await cursor.execute(query, params)
                     rows = await cursor.fetchall()
                     self._last_used[conn] = time.monotonic()
@@ -297,15 +315,17 @@ class Database:
         # The lease counts from the server's clock at claim time; counting it from just before
         # the request makes the local deadline err on the early side.
         started = time.monotonic()
-        rows = await self._fetch(
-            "SELECT * FROM dispatch.claim_runs(%s, %s, %s, %s)",
-            (self._worker_id, max_runs, timedelta(seconds=lease_s), timedelta(seconds=timeout_s)),
-        )
+        rows = await self._rows(_CLAIM, (self._worker_id, max_runs, timedelta(seconds=lease_s),
+                                         timedelta(seconds=timeout_s)), tuple_row)
         runs = []
-        for row in rows:
-            run_timeout_s = row["timeout"].total_seconds() if row["timeout"] is not None else timeout_s
-            runs.append(Run.from_row(row, lease_deadline=started + lease_s + run_timeout_s - timeout_s,
-                                     timeout_s=run_timeout_s))
+        for (run_id, schedule_id, project_id, function_name, args_json, request_id, scheduled_for, attempt,
+             lease_until, timeout, fire_at) in rows:
+            run_timeout_s = timeout.total_seconds() if timeout is not None else timeout_s
+            runs.append(Run(run_id=run_id, schedule_id=schedule_id, project_id=project_id,
+                            function_name=function_name, args_json=args_json, request_id=request_id,
+                            scheduled_for=scheduled_for, attempt=attempt, lease_until=lease_until,
+                            lease_deadline=started + lease_s + run_timeout_s - timeout_s,
+                            timeout_s=run_timeout_s, fire_at=fire_at))
         return runs
 
     def _complete_params(self, run: Run, outcome: Outcome) -> tuple[Any, ...]:
@@ -362,11 +382,12 @@ class Database:
                                  timeout_s=TICK_TIMEOUT_S)
         return int(rows[0]["marked"]), rows[0]["covered"]
 
-    async def tick_chunk(self, max_runs: int) -> int:
-        """Mark at most max_runs of the due slots no run policy has to decide; how many it marked."""
-        rows = await self._fetch("SELECT dispatch.tick_chunk(%s) AS marked", (max_runs,),
+    async def tick_chunk(self, max_runs: int) -> tuple[int, int]:
+        """Mark at most max_runs of the due slots no run policy has to decide: how many runs it
+        marked, and how many due schedules it took (max_runs: there may be more)."""
+        rows = await self._fetch("SELECT marked, taken FROM dispatch.tick_chunk(%s)", (max_runs,),
                                  timeout_s=TICK_TIMEOUT_S)
-        return int(rows[0]["marked"])
+        return int(rows[0]["marked"]), int(rows[0]["taken"])
 
     async def lost_runs_after(self, after_id: int | None) -> tuple[int, int]:
         """Runs that ended lost after audit row `after_id` (None: 0, and where to start), and the id

@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 
 import aiohttp
+from yarl import URL
 
 from dispatcher import __version__
 from dispatcher.runs import Outcome, Run
@@ -60,44 +61,40 @@ _SPACES = re.compile(r"\s+")
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    url: str
+    url: URL
     body: bytes
     headers: dict[str, str]
 
 
 # Runs due together share their slot, and a listener calls a few functions many times: both
-# are formatted once rather than once per request.
+# are formatted once rather than once per request (the URL already encoded, so that aiohttp
+# does not parse it again).
 @functools.lru_cache(maxsize=1024)
 def _iso(at: datetime) -> str:
     return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @functools.lru_cache(maxsize=4096)
-def _url(url_template: str, project_id: str, function_name: str) -> str:
-    return url_template.format(project_id=quote(project_id, safe=""),
-                               function_name=quote(function_name, safe=""))
-
-
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+def _url(url_template: str, project_id: str, function_name: str) -> URL:
+    url = url_template.format(project_id=quote(project_id, safe=""),
+                              function_name=quote(function_name, safe=""))
+    # Taken as encoded, the path is sent as written: a function named ".." stays a segment of its
+    # own rather than being resolved away. A template with characters to encode is parsed.
+    return URL(url, encoded=url.isascii() and not any(c.isspace() for c in url))
 
 
 def build_request(run: Run, *, url_template: str, secret: bytes | None, now: float | None = None,
                   second_secret: bytes | None = None) -> Request:
     """The POST for `run`: URL from the template, JSON body, idempotency and signature headers
     (signed with `secret`, and `second_secret` too during a key rotation)."""
-    url = _url(url_template, run.project_id, run.function_name)
-    payload = {
-        "args": run.args,
-        "invoker": {
-            "kind": "schedule",
-            "scheduleId": run.schedule_id,
-            "runId": run.run_id,
-            "scheduledFor": _iso(run.scheduled_for),
-            "fireAt": _iso(run.fire_at or run.scheduled_for),
-            "attempt": run.attempt,
-        },
-    }
-    body = _dumps(payload).encode()
+    # Written out rather than encoded from a dict: the args are JSON from the database already,
+    # and every other value is a number or a string of characters that need no escaping
+    # (a uuid, ISO 8601 instants).
+    body = (
+        f'{{"args":{run.args_json},"invoker":{{"kind":"schedule","scheduleId":"{run.schedule_id}",'
+        f'"runId":{run.run_id:d},"scheduledFor":"{_iso(run.scheduled_for)}",'
+        f'"fireAt":"{_iso(run.fire_at or run.scheduled_for)}","attempt":{run.attempt:d}}}}}'
+    ).encode()
     headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
@@ -107,7 +104,7 @@ def build_request(run: Run, *, url_template: str, secret: bytes | None, now: flo
     if secret is not None:
         more = () if second_secret is None else (second_secret,)
         headers[SIGNATURE_HEADER] = sign(secret, body, int(time.time() if now is None else now), *more)
-    return Request(url, body, headers)
+    return Request(_url(url_template, run.project_id, run.function_name), body, headers)
 
 
 def _excerpt(body: bytes) -> str:

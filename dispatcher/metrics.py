@@ -42,8 +42,8 @@ class Metrics:
             registry=registry)
         self.outcomes = Counter(
             "pgdispatch_runs", "Invocations by outcome (ok or error).", ["status"], registry=registry)
-        for status in ("ok", "error"):
-            self.outcomes.labels(status)
+        # bound once: labels() looks the child up under a lock on every call
+        self._outcome_of = {status: self.outcomes.labels(status) for status in ("ok", "error")}
         self.in_flight = Gauge("pgdispatch_in_flight", "Invocations in flight now.", registry=registry)
         self.claim_batch = Histogram(
             "pgdispatch_claim_batch_size", "Runs returned by each dispatch.claim_runs call.",
@@ -79,7 +79,7 @@ class Metrics:
         self.dispatch_latency.observe(max(0.0, time.time() - fire_at.timestamp()))
 
     def finished(self, status: str, duration_s: float) -> None:
-        self.outcomes.labels(status).inc()
+        (self._outcome_of.get(status) or self.outcomes.labels(status)).inc()
         self.finished_by_status[status] = self.finished_by_status.get(status, 0) + 1
         self.invocation_duration.observe(duration_s)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 __all__ = ["Outcome", "Run"]
 
@@ -17,7 +17,7 @@ class Run:
     schedule_id: str
     project_id: str
     function_name: str
-    args: Any
+    args_json: str  # the schedule's args as JSON text, sent in the body as they are
     request_id: str
     scheduled_for: datetime  # the nominal slot
     attempt: int
@@ -25,23 +25,6 @@ class Run:
     lease_deadline: float  # time.monotonic() at which the lease is gone for sure
     timeout_s: float | None = None  # the invocation timeout (claim_runs: the schedule's, else the listener's)
     fire_at: datetime | None = None  # the slot plus the schedule's jitter offset (None: the slot)
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any], *, lease_deadline: float, timeout_s: float) -> Run:
-        return cls(
-            run_id=row["run_id"],
-            schedule_id=str(row["schedule_id"]),
-            project_id=row["project_id"],
-            function_name=row["function_name"],
-            args=row["args"],
-            request_id=row["request_id"],
-            scheduled_for=row["scheduled_for"],
-            attempt=row["attempt"],
-            lease_until=row["lease_until"],
-            lease_deadline=lease_deadline,
-            timeout_s=timeout_s,
-            fire_at=row["fire_at"],
-        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

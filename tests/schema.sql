@@ -1077,7 +1077,7 @@ $$;
 -- Name: _mark_due(timestamp with time zone, integer); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._mark_due(horizon timestamp with time zone, max_runs integer) RETURNS integer
+CREATE FUNCTION dispatch._mark_due(horizon timestamp with time zone, max_runs integer, OUT marked integer, OUT taken integer) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
@@ -1086,7 +1086,6 @@ CREATE FUNCTION dispatch._mark_due(horizon timestamp with time zone, max_runs in
     AS $$
 DECLARE
     requeued integer := 0;
-    marked integer;
     by_policy uuid[];
     sid uuid;
     moved boolean := false;
@@ -1148,8 +1147,8 @@ BEGIN
             UPDATE dispatch.schedules s SET next_run_at = x.scheduled_for
             FROM slot x WHERE s.id = x.id AND x.scheduled_for <> x.due_at
         )
-        SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.plain)
-        INTO marked, by_policy
+        SELECT (SELECT count(*) FROM new_runs), count(*), array_agg(d.id) FILTER (WHERE NOT d.plain)
+        INTO marked, taken, by_policy
         FROM due d;
     EXCEPTION WHEN OTHERS THEN
         -- A slot that cannot be computed (a zone gone from the tz database) fails the statement
@@ -1157,6 +1156,7 @@ BEGIN
         -- backs off.
         -- A chunk (max_runs) leaves them to the unlimited tick that follows it.
         marked := 0;
+        taken := 0;
         IF max_runs IS NULL THEN
             by_policy := ARRAY(SELECT s.id FROM dispatch.schedules s WHERE s.next_run_at <= horizon
                                FOR NO KEY UPDATE SKIP LOCKED);
@@ -1176,7 +1176,6 @@ BEGIN
     IF moved THEN
         PERFORM pg_notify('dispatch', 'schedules');  -- next_run_at may have moved: listeners re-plan
     END IF;
-    RETURN marked;
 END
 $$;
 
@@ -3084,7 +3083,7 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Call dispatch.tick() without an argument: it marks what is due now.';
     END IF;
-    RETURN dispatch._mark_due(tick.now, NULL);
+    RETURN (dispatch._mark_due(tick.now, NULL)).marked;
 END
 $$;
 
@@ -3100,7 +3099,7 @@ COMMENT ON FUNCTION dispatch.tick(now timestamp with time zone) IS 'Expire lease
 -- Name: tick_chunk(integer); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch.tick_chunk(max_runs integer) RETURNS integer
+CREATE FUNCTION dispatch.tick_chunk(max_runs integer, OUT marked integer, OUT taken integer) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -3109,16 +3108,16 @@ BEGIN
         RAISE EXCEPTION 'dispatch.tick_chunk(%): max_runs must be 1 or more', max_runs
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN dispatch._mark_due(now(), max_runs);
+    SELECT m.marked, m.taken INTO marked, taken FROM dispatch._mark_due(now(), max_runs) m;
 END
 $$;
 
 
 --
--- Name: FUNCTION tick_chunk(max_runs integer); Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: FUNCTION tick_chunk(max_runs integer, OUT marked integer, OUT taken integer); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.tick_chunk(max_runs integer) IS 'Mark at most max_runs due slots now, of the schedules no run policy has to decide (on time, no run open, overlap skip or buffer_one), and NOTIFY dispatch when it marked any. Returns how many it marked. Listeners call it with growing sizes when a slot comes due, so that 100,000 schedules due at one instant are claimed from the first chunk on rather than after one long statement; then dispatch.tick() for the rest (policies, lease expiry). Never waits on a row another transaction holds.';
+COMMENT ON FUNCTION dispatch.tick_chunk(max_runs integer, OUT marked integer, OUT taken integer) IS 'Mark at most max_runs due slots now, of the schedules no run policy has to decide (on time, no run open, overlap skip or buffer_one), and NOTIFY dispatch when it marked any. Returns how many runs it marked and how many due schedules it took: taken = max_runs means more may be due; fewer, that every other due schedule is held by another tick or left to dispatch.tick() (a tick that committed while this one ran can have marked some of those it took: marked < taken). Listeners call it with growing sizes when a slot comes due, so that 100,000 schedules due at one instant are claimed from the first chunk on rather than after one long statement; then dispatch.tick() for the rest (policies, lease expiry). Never waits on a row another transaction holds.';
 
 
 --
@@ -3868,10 +3867,10 @@ REVOKE ALL ON FUNCTION dispatch._follow_up(schedule_ids uuid[]) FROM PUBLIC;
 
 
 --
--- Name: FUNCTION _mark_due(horizon timestamp with time zone, max_runs integer); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _mark_due(horizon timestamp with time zone, max_runs integer, OUT marked integer, OUT taken integer); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._mark_due(horizon timestamp with time zone, max_runs integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._mark_due(horizon timestamp with time zone, max_runs integer, OUT marked integer, OUT taken integer) FROM PUBLIC;
 
 
 --
@@ -4252,12 +4251,12 @@ GRANT ALL ON FUNCTION dispatch.tick(now timestamp with time zone) TO dispatch_ad
 
 
 --
--- Name: FUNCTION tick_chunk(max_runs integer); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION tick_chunk(max_runs integer, OUT marked integer, OUT taken integer); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch.tick_chunk(max_runs integer) FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch.tick_chunk(max_runs integer) TO dispatch_listener;
-GRANT ALL ON FUNCTION dispatch.tick_chunk(max_runs integer) TO dispatch_admin;
+REVOKE ALL ON FUNCTION dispatch.tick_chunk(max_runs integer, OUT marked integer, OUT taken integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.tick_chunk(max_runs integer, OUT marked integer, OUT taken integer) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.tick_chunk(max_runs integer, OUT marked integer, OUT taken integer) TO dispatch_admin;
 
 
 --

@@ -85,7 +85,8 @@ def test_tick_chunk_marks_at_most_its_size_and_leaves_policies_to_tick(db: psyco
         add_schedule(db)
     allow = add_schedule(db, overlap="allow")  # run policies decide: only tick() marks it
     make_due(db)
-    assert [scalar(db, "SELECT dispatch.tick_chunk(4)") for _ in range(4)] == [4, 4, 2, 0]
+    chunks = [db.execute("SELECT marked, taken FROM dispatch.tick_chunk(4)").fetchone() for _ in range(4)]
+    assert chunks == [(4, 4), (4, 4), (2, 2), (0, 0)]
     assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE schedule_id = %s", (allow,)) == 0
     assert scalar(db, "SELECT dispatch.tick()") == 1
     assert scalar(db, "SELECT count(*) FROM dispatch.runs") == 11
@@ -100,10 +101,10 @@ def test_a_chunk_held_open_is_skipped_not_waited_for(db: psycopg.Connection, con
         add_schedule(db)
     make_due(db)
     holder = connect(autocommit=False)
-    assert scalar(holder, "SELECT dispatch.tick_chunk(4)") == 4
+    assert holder.execute("SELECT * FROM dispatch.tick_chunk(4)").fetchone() == (4, 4)
     other = connect()
     other.execute("SET statement_timeout = '5s'")  # waiting would fail the test, not hang it
-    assert scalar(other, "SELECT dispatch.tick_chunk(100)") == 6
+    assert other.execute("SELECT * FROM dispatch.tick_chunk(100)").fetchone() == (6, 6)
     assert scalar(other, "SELECT dispatch.tick()") == 0
     holder.commit()
     assert scalar(db, "SELECT count(*), count(DISTINCT schedule_id) FROM dispatch.runs") == 10

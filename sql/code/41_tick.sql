@@ -269,12 +269,13 @@ EXCEPTION WHEN OTHERS THEN
 END
 $$;
 
--- The marking both public functions share: up to max_runs (NULL: all) due slots. With a limit,
+-- The marking both public functions share: up to max_runs (NULL: all) due slots; `taken`
+-- counts the due schedules it locked. With a limit,
 -- only the schedules no run policy has to decide (the bulk kind: the stampede at the top of the
 -- hour), so that each call commits a chunk the listeners can claim at once; a final unlimited
 -- call does the rest, lease expiry and policies included.
-CREATE OR REPLACE FUNCTION dispatch._mark_due(horizon timestamptz, max_runs integer)
-RETURNS integer
+CREATE OR REPLACE FUNCTION dispatch._mark_due(horizon timestamptz, max_runs integer,
+                                              OUT marked integer, OUT taken integer)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -288,7 +289,6 @@ SET enable_mergejoin = off
 AS $$
 DECLARE
     requeued integer := 0;
-    marked integer;
     by_policy uuid[];
     sid uuid;
     moved boolean := false;
@@ -350,8 +350,8 @@ BEGIN
             UPDATE dispatch.schedules s SET next_run_at = x.scheduled_for
             FROM slot x WHERE s.id = x.id AND x.scheduled_for <> x.due_at
         )
-        SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.plain)
-        INTO marked, by_policy
+        SELECT (SELECT count(*) FROM new_runs), count(*), array_agg(d.id) FILTER (WHERE NOT d.plain)
+        INTO marked, taken, by_policy
         FROM due d;
     EXCEPTION WHEN OTHERS THEN
         -- A slot that cannot be computed (a zone gone from the tz database) fails the statement
@@ -359,6 +359,7 @@ BEGIN
         -- backs off.
         -- A chunk (max_runs) leaves them to the unlimited tick that follows it.
         marked := 0;
+        taken := 0;
         IF max_runs IS NULL THEN
             by_policy := ARRAY(SELECT s.id FROM dispatch.schedules s WHERE s.next_run_at <= horizon
                                FOR NO KEY UPDATE SKIP LOCKED);
@@ -378,7 +379,6 @@ BEGIN
     IF moved THEN
         PERFORM pg_notify('dispatch', 'schedules');  -- next_run_at may have moved: listeners re-plan
     END IF;
-    RETURN marked;
 END
 $$;
 
@@ -399,14 +399,13 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Call dispatch.tick() without an argument: it marks what is due now.';
     END IF;
-    RETURN dispatch._mark_due(tick.now, NULL);
+    RETURN (dispatch._mark_due(tick.now, NULL)).marked;
 END
 $$;
 COMMENT ON FUNCTION dispatch.tick(timestamptz) IS
     'Expire leases by the real clock, then mark every live schedule due at or before "now" as a pending run (idempotent per slot), following its run policies: slots missed beyond misfire_grace end skipped, catchup latest or all, overlap skip, buffer_one or allow. Also moves a schedule found on a finished slot past it and records a skipped run for each back-off instant reached. NOTIFY dispatch when there is work. Returns how many runs it marked. Never waits on a row another transaction holds. A "now" ahead of the clock needs dispatch_admin. Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
 
-CREATE OR REPLACE FUNCTION dispatch.tick_chunk(max_runs integer)
-RETURNS integer
+CREATE OR REPLACE FUNCTION dispatch.tick_chunk(max_runs integer, OUT marked integer, OUT taken integer)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -416,8 +415,8 @@ BEGIN
         RAISE EXCEPTION 'dispatch.tick_chunk(%): max_runs must be 1 or more', max_runs
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN dispatch._mark_due(now(), max_runs);
+    SELECT m.marked, m.taken INTO marked, taken FROM dispatch._mark_due(now(), max_runs) m;
 END
 $$;
 COMMENT ON FUNCTION dispatch.tick_chunk(integer) IS
-    'Mark at most max_runs due slots now, of the schedules no run policy has to decide (on time, no run open, overlap skip or buffer_one), and NOTIFY dispatch when it marked any. Returns how many it marked. Listeners call it with growing sizes when a slot comes due, so that 100,000 schedules due at one instant are claimed from the first chunk on rather than after one long statement; then dispatch.tick() for the rest (policies, lease expiry). Never waits on a row another transaction holds.';
+    'Mark at most max_runs due slots now, of the schedules no run policy has to decide (on time, no run open, overlap skip or buffer_one), and NOTIFY dispatch when it marked any. Returns how many runs it marked and how many due schedules it took: taken = max_runs means more may be due; fewer, that every other due schedule is held by another tick or left to dispatch.tick() (a tick that committed while this one ran can have marked some of those it took: marked < taken). Listeners call it with growing sizes when a slot comes due, so that 100,000 schedules due at one instant are claimed from the first chunk on rather than after one long statement; then dispatch.tick() for the rest (policies, lease expiry). Never waits on a row another transaction holds.';

@@ -40,7 +40,7 @@ def snippet(language: str) -> str:
 def signed(*secrets: bytes, now: float = 1_790_000_000) -> tuple[bytes, str]:
     """A body and its signature header, made by the listener's own code."""
     run = Run(run_id=42, schedule_id="7f0c7d5e-4a55-4c39-9c4e-0d8f3a7e5b11", project_id="acme",
-              function_name="report", args={"to": "ops", "naïve": "✓"}, request_id="sched_x",
+              function_name="report", args_json='{"to": "ops", "naïve": "✓"}', request_id="sched_x",
               scheduled_for=datetime(2026, 12, 1, 1, 30, tzinfo=UTC), attempt=1,
               lease_until=datetime(2026, 12, 1, 1, 31, tzinfo=UTC), lease_deadline=0.0)
     request = build_request(run, url_template="http://f/{project_id}/{function_name}", secret=secrets[0],

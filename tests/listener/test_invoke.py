@@ -27,7 +27,7 @@ SECRET = b"s3cret-for-tests"
 def make_run(**overrides: Any) -> Run:
     values: dict[str, Any] = {
         "run_id": 42, "schedule_id": "7f0c7d5e-4a55-4c39-9c4e-0d8f3a7e5b11", "project_id": "acme",
-        "function_name": "send-report", "args": {"to": "ops", "n": 1}, "request_id": "sched_abc",
+        "function_name": "send-report", "args_json": '{"to": "ops", "n": 1}', "request_id": "sched_abc",
         "scheduled_for": datetime(2025, 3, 30, 1, 0, tzinfo=UTC), "attempt": 2,
         "fire_at": datetime(2025, 3, 30, 1, 4, 7, 250000, tzinfo=UTC),
         "lease_until": datetime(2025, 3, 30, 1, 1, tzinfo=UTC), "lease_deadline": time.monotonic() + 60,
@@ -38,7 +38,7 @@ def make_run(**overrides: Any) -> Run:
 def test_request_shape() -> None:
     request = build_request(make_run(), url_template="https://fn.example/p/{project_id}/f/{function_name}",
                             secret=SECRET, now=1_700_000_000)
-    assert request.url == "https://fn.example/p/acme/f/send-report"
+    assert str(request.url) == "https://fn.example/p/acme/f/send-report"
     assert json.loads(request.body) == {
         "args": {"to": "ops", "n": 1},
         "invoker": {"kind": "schedule", "scheduleId": "7f0c7d5e-4a55-4c39-9c4e-0d8f3a7e5b11", "runId": 42,
@@ -68,7 +68,7 @@ def test_names_are_one_percent_encoded_path_segment_each(project_id: str, functi
                                                          path: str) -> None:
     request = build_request(make_run(project_id=project_id, function_name=function_name),
                             url_template="http://h/p/{project_id}/f/{function_name}", secret=None)
-    assert request.url == f"http://h{path}"
+    assert str(request.url) == f"http://h{path}"
 
 
 async def test_signature_received_over_http_verifies(sink: Sink) -> None:

@@ -36,8 +36,9 @@ async def aboom(*_: Any, **__: Any) -> Any:
 
 
 def a_run() -> Run:
-    return Run(run_id=0, schedule_id="s", project_id="p", function_name="f", args={}, request_id="sched_x",
-               scheduled_for=datetime.now(UTC), attempt=1, lease_until=datetime.now(UTC), lease_deadline=0.0)
+    return Run(run_id=0, schedule_id="s", project_id="p", function_name="f", args_json="{}",
+               request_id="sched_x", scheduled_for=datetime.now(UTC), attempt=1,
+               lease_until=datetime.now(UTC), lease_deadline=0.0)
 
 
 def inject_clock(listener: Listener, db: psycopg.Connection) -> None:
