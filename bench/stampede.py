@@ -73,7 +73,7 @@ def measure(*, schedules: int, listener_counts: list[int], concurrency: int, dat
                 with listeners(count, url=url, template=sink.template, concurrency=concurrency,
                                log_dir=data_dir, log_level=log_level) as pids:
                     result = end_to_end(db, sink, runs=schedules, listener_pids=pids,
-                                        pg_dir=data_dir / "data")
+                                        pg_dir=data_dir / "data", lead_s=8)
                     rss = max(peak_rss_mb(pid) for pid in pids)
                 instant_runs = db.execute(
                     "SELECT count(*) FILTER (WHERE attempt > 1), count(*) FILTER (WHERE status <> 'ok')"
