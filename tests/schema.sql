@@ -336,7 +336,7 @@ CREATE TABLE dispatch.schedules (
     CONSTRAINT schedules_slot_rule_check CHECK (((cron_expression IS NULL) <> (every IS NULL))),
     CONSTRAINT schedules_timeout_check CHECK (((timeout > '00:00:00'::interval) AND (timeout <= '01:00:00'::interval)))
 )
-WITH (fillfactor='80');
+WITH (fillfactor='60');
 
 
 --
