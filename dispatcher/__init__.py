@@ -15,6 +15,7 @@ database      the connection pool, bounded calls, the schema version check
 runs          a claimed run and its outcome
 config        settings from flags, environment and systemd credentials
 logs          one event per line, JSON or text
+event_loop    uvloop when installed, else asyncio's (--event-loop)
 metrics       Prometheus metrics and their HTTP server
 systemd       sd_notify: READY, STATUS, WATCHDOG, STOPPING
 supervisor    the listener's tasks: one that dies stops the listener (exit 1)

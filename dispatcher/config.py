@@ -33,6 +33,7 @@ __all__ = [
 
 LEASE_MARGIN_S = 30.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 # Settings that may come from a systemd credential: option name -> file in $CREDENTIALS_DIRECTORY.
 CREDENTIALS = {
     "database_url": "database-url",
@@ -95,6 +96,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_format", "--log-format", "PGDISPATCH_LOG_FORMAT",
            "text (one readable line per event) or json (one object per line, for a log shipper); "
            "default text when stderr is a terminal, else json", "FORMAT"),
+    Option("event_loop", "--event-loop", "PGDISPATCH_EVENT_LOOP",
+           "auto (uvloop when it is installed: pip install 'pgdispatch[uvloop]'), uvloop or asyncio "
+           "(default auto)", "LOOP"),
     Option("metrics_port", "--metrics-port", "PGDISPATCH_METRICS_PORT",
            "serve Prometheus metrics at http://HOST:PORT/metrics; a bare PORT listens on every "
            "interface (default: no metrics server)", "[HOST:]PORT"),
@@ -127,6 +131,7 @@ class Settings:
     pool_size: int = 4
     log_level: str = "info"
     log_format: str = ""  # "" = text on a terminal, else json
+    event_loop: str = "auto"  # auto = uvloop when installed, else asyncio's
     metrics_port: int | None = None  # None = no metrics server
     metrics_host: str | None = None  # None = every interface
 
@@ -175,6 +180,8 @@ class Settings:
             raise _invalid("metrics_port", f"must be a port number (0-65535), not {self.metrics_port}")
         if self.log_format not in ("", "text", "json"):
             raise _invalid("log_format", f"must be text or json, not {self.log_format!r}")
+        if self.event_loop not in EVENT_LOOPS:
+            raise _invalid("event_loop", f"must be one of {', '.join(EVENT_LOOPS)}, not {self.event_loop!r}")
         if self.log_level not in LOG_LEVELS:
             raise _invalid("log_level", f"must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
 
@@ -198,6 +205,7 @@ class Settings:
             "sweep_interval_s": self.sweep_interval_s,
             "grace_s": self.grace_s,
             "pool_size": self.pool_size,
+            "event_loop": self.event_loop,
             "metrics_port": self.metrics_port,
         }
 
@@ -367,6 +375,8 @@ def load_settings(flags: Mapping[str, str | list[str] | None], environ: Mapping[
         values["log_level"] = raw["log_level"].strip().lower()
     if "log_format" in raw:
         values["log_format"] = raw["log_format"].strip().lower()
+    if "event_loop" in raw:
+        values["event_loop"] = raw["event_loop"].strip().lower()
     if "metrics_port" in raw:
         values["metrics_host"], values["metrics_port"] = _metrics_address(raw["metrics_port"])
     if "signing_secret" in from_credential:

@@ -36,6 +36,7 @@ from dispatcher.completion import Completer
 from dispatcher.config import Settings
 from dispatcher.database import Database, DatabaseMisconfigured, DatabaseUnavailable
 from dispatcher.dispatching import Dispatcher
+from dispatcher.event_loop import running_loop_name
 from dispatcher.invoke import Invoker, new_session
 from dispatcher.metrics import Metrics, MetricsServer
 from dispatcher.notifications import RECONNECT_BACKOFF, Notifications
@@ -217,7 +218,8 @@ class Listener:
         try:
             await self._db.open()
             logger.info("pgdispatch %s listening as %s", __version__, settings.worker_id,
-                        extra={"event": "listener_started", "version": __version__, **settings.describe()})
+                        extra={"event": "listener_started", "version": __version__, **settings.describe(),
+                               "event_loop": running_loop_name()})
             spawn(self._completer.run(), "pgdispatch-completion-writer")
             spawn(self._completer.retry(), "pgdispatch-completion-retry")
             spawn(dispatcher.releaser(), "pgdispatch-release")

@@ -103,6 +103,7 @@ def _install(args: argparse.Namespace) -> int:
 
 def _listen(args: argparse.Namespace) -> int:
     from dispatcher.database import DatabaseMisconfigured
+    from dispatcher.event_loop import loop_factory
     from dispatcher.listener import run_listener
     from dispatcher.logs import configure_logging
     from dispatcher.supervisor import TaskFailed
@@ -112,9 +113,15 @@ def _listen(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"pgdispatch listen: {exc}", file=sys.stderr)
         return 2
+    try:
+        factory = loop_factory(settings.event_loop)
+    except ConfigError as exc:
+        print(f"pgdispatch listen: {exc}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level, log_format=settings.log_format)
     try:
-        asyncio.run(run_listener(settings))
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(run_listener(settings))
     except DatabaseMisconfigured as exc:  # at start: said once, never retried
         logger.error("cannot start: %s", exc, extra={"event": "configuration_error", "reason": str(exc)})
         return 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -93,3 +94,21 @@ async def test_second_signal_cancels_what_is_in_flight(db: psycopg.Connection, d
     # Left running under this worker: their leases expire and they are retried, same request id.
     rows: list[Any] = db.execute("SELECT status, worker FROM dispatch.runs").fetchall()
     assert rows == [("running", "proc")] * 2
+
+
+async def test_the_event_loop_is_uvloop_when_installed_unless_told(dsn: str, sink: Sink,
+                                                                  tmp_path: Path) -> None:
+    for flag, expected in ((None, "uvloop"), ("asyncio", "asyncio")):
+        extra = {} if flag is None else {"event_loop": flag}
+        proc = await ListenerProcess.start(*_args(dsn, sink, **extra))
+        try:
+            started = await proc.wait_event("listener_started")
+            assert started["event_loop"] == expected
+        finally:
+            await proc.kill()
+    # uvloop asked for and missing: exit 2 with what to do (a module that fails to import hides it)
+    (tmp_path / "uvloop.py").write_text("raise ImportError('not here')\n")
+    proc = await ListenerProcess.start(*_args(dsn, sink, event_loop="uvloop"),
+                                       env={"PYTHONPATH": str(tmp_path)})
+    assert await proc.wait() == 2
+    assert "pip install 'pgdispatch[uvloop]'" in "".join(proc.raw)
