@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import signal
 import statistics
@@ -114,8 +115,8 @@ async def bare_invoker(template: str, *, total: int, concurrency: int) -> float:
 
 @contextmanager
 def listeners(count: int, *, url: str, template: str, concurrency: int, log_dir: Path,
-              log_level: str) -> Iterator[list[int]]:
-    """`count` real listener processes, each with --concurrency; yields their pids."""
+              log_level: str, event_loop: str = "auto") -> Iterator[list[int]]:
+    """`count` real listener processes, each with --concurrency (and --event-loop); yields their pids."""
     processes: list[subprocess.Popen[bytes]] = []
     started = time.strftime("%H%M%S")
     logs = [log_dir / f"listener-{started}-{n + 1}-of-{count}.log" for n in range(count)]
@@ -125,7 +126,7 @@ def listeners(count: int, *, url: str, template: str, concurrency: int, log_dir:
                 processes.append(subprocess.Popen(
                     [str(Path(sys.executable).parent / "pgdispatch"), "listen", "--database-url", url,
                      "--invoke-url", template, "--concurrency", str(concurrency), "--sweep-interval", "60",
-                     "--worker-id", f"bench-{n}", "--log-level", log_level],
+                     "--worker-id", f"bench-{n}", "--log-level", log_level, "--event-loop", event_loop],
                     stderr=log, env={**os.environ, "PGDISPATCH_SIGNING_SECRET": "bench-secret"},
                 ))
         for log_path in logs:
@@ -235,7 +236,12 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
             sink.arrivals(2000)
 
             bare: dict[str, list[float]] = {"aiohttp": [], "invoker": []}
-            e2e: dict[tuple[int, int], list[Round]] = {}
+            e2e: dict[tuple[int, int, str], list[Round]] = {}
+            # The listeners run on uvloop when it is installed; one listener on asyncio's loop too,
+            # in the same rounds, shows what it is worth.
+            loops = [("auto", listener_counts, runs)]
+            if importlib.util.find_spec("uvloop") is not None:
+                loops.append(("asyncio", [1], [max(runs)]))
             for round_no in range(1, rounds + 1):
                 bare["aiohttp"].append(asyncio.run(
                     bare_aiohttp(sink.url + "/bare", total=10_000, concurrency=concurrency)))
@@ -244,18 +250,20 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
                 sink.arrivals(20_000)
                 print(f"round {round_no}: bare aiohttp loop {bare['aiohttp'][-1]:,.0f} requests/s, "
                       f"bare listener HTTP stack {bare['invoker'][-1]:,.0f} requests/s")
-                for count in listener_counts:
-                    with listeners(count, url=url, template=sink.template, concurrency=concurrency,
-                                   log_dir=data_dir, log_level=log_level) as pids:
-                        for size in runs:
-                            result = end_to_end(db, sink, runs=size, listener_pids=pids,
-                                                pg_dir=data_dir / "data")
-                            e2e.setdefault((count, size), []).append(result)
-                            cpu = ", ".join(f"{name} {us:.0f} us" for name, us in result.cpu_us.items())
-                            print(f"  {count} listener(s), {size:,} due: {result.rate:,.0f} runs/s "
-                                  f"= {result.rate / bare['aiohttp'][-1]:.0%} of the bare aiohttp loop; "
-                                  f"all started within {max(result.latencies) / 1000:.2f} s; "
-                                  f"{result.bad} not ok; CPU a run: {cpu}")
+                for loop, counts, sizes in loops:
+                    for count in counts:
+                        with listeners(count, url=url, template=sink.template, concurrency=concurrency,
+                                       log_dir=data_dir, log_level=log_level, event_loop=loop) as pids:
+                            for size in sizes:
+                                result = end_to_end(db, sink, runs=size, listener_pids=pids,
+                                                    pg_dir=data_dir / "data")
+                                e2e.setdefault((count, size, loop), []).append(result)
+                                cpu = ", ".join(f"{name} {us:.0f} us" for name, us in result.cpu_us.items())
+                                on = "" if loop == "auto" else f" on {loop}"
+                                print(f"  {count} listener(s){on}, {size:,} due: {result.rate:,.0f} runs/s "
+                                      f"= {result.rate / bare['aiohttp'][-1]:.2f} x the bare aiohttp loop; "
+                                      f"all started within {max(result.latencies) / 1000:.2f} s; "
+                                      f"{result.bad} not ok; CPU a run: {cpu}")
 
             limit = statistics.median(bare["aiohttp"])
             stack = statistics.median(bare["invoker"])
@@ -263,18 +271,19 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
             print(f"\nmedians of {rounds} rounds:")
             print(f"  bare aiohttp loop:          {limit:8,.0f} requests/s")
             print(f"  bare listener HTTP stack:   {stack:8,.0f} requests/s ({stack / limit:.0%} of aiohttp)")
-            for (count, size), rounds_ in e2e.items():
+            for (count, size, loop), rounds_ in e2e.items():
                 rate = statistics.median(r.rate for r in rounds_)
                 latencies = [statistics.median(percentile(r.latencies, q) for r in rounds_)
                              for q in (0.5, 0.99)]
                 worst = max(max(r.latencies) for r in rounds_)
                 cpu_us = {name: statistics.median(r.cpu_us[name] for r in rounds_)
                           for name in rounds_[0].cpu_us}
-                key = f"e2e_{count}l_{size}"
+                key = f"e2e_{count}l_{size}" + ("" if loop == "auto" else f"_{loop}")
                 results |= {key: rate, f"{key}_p50": latencies[0], f"{key}_p99": latencies[1],
                             f"{key}_max": worst, **{f"{key}_cpu_{n}": us for n, us in cpu_us.items()}}
-                print(f"  {count} listener(s), {size:>6,} due: {rate:8,.0f} runs/s = {rate / limit:.0%} of "
-                      f"aiohttp, {rate / stack:.0%} of the stack; instant -> request "
+                on = "" if loop == "auto" else f" on {loop}"
+                print(f"  {count} listener(s){on}, {size:>6,} due: {rate:8,.0f} runs/s = "
+                      f"{rate / limit:.2f} x aiohttp, {rate / stack:.0%} of the stack; instant -> request "
                       f"p50 {latencies[0]:.0f} ms, "
                       f"p99 {latencies[1]:.0f} ms, max {worst:.0f} ms; CPU a run: "
                       + ", ".join(f"{name} {us:.0f} us" for name, us in cpu_us.items()))

@@ -93,7 +93,7 @@ def measure(*, schedules: int, listener_counts: list[int], concurrency: int, dat
                 db.execute("TRUNCATE dispatch.runs, dispatch.audit_log")
     finally:
         stop_cluster(data_dir, check=False)
-    record(**results)
+    record(stampede_schedules=schedules, **results)
     return results
 
 

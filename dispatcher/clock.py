@@ -2,7 +2,7 @@
 
 It sleeps until the earliest next_run_at after the instant its last tick covered
 (dispatch.next_due_after, by the database's clock) and calls dispatch.tick() then, after
-marking in chunks (dispatch.tick_chunk, FIRST_CHUNK runs, then twice as many each time): with
+marking in chunks (dispatch.tick_chunk, FIRST_CHUNK runs, then CHUNK_GROWTH times as many each time): with
 100,000 schedules due at one instant, claiming starts once the first chunk is committed rather
 than after one statement of a few seconds. The chunks go on while each takes as many due
 schedules as it may; the
@@ -34,10 +34,13 @@ logger = logging.getLogger(__name__)
 REPLAN_AFTER_S = 0.05
 # While ticks keep failing, say so again at most this often.
 REPEAT_WARNING_S = 30.0
-# Marking in chunks: the first is claimed within tens of milliseconds; doubling keeps the number
-# of calls (and the rescans of what earlier chunks marked) small for a big instant.
+# Marking in chunks: the first is claimed within tens of milliseconds. Each chunk scans past what
+# the earlier ones marked (those schedules stay due until their runs finish), so chunks grow
+# fourfold: 100,000 due take 4 chunks, and the listener is still busy with one when the next
+# is committed.
 FIRST_CHUNK = 2_000
-MAX_CHUNK = 32_000
+CHUNK_GROWTH = 4
+MAX_CHUNK = 64_000
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
@@ -148,4 +151,4 @@ class Clock:
                 self._on_tick(marked, False, False)
             if taken < chunk:
                 return await self._db.tick()
-            chunk = min(2 * chunk, MAX_CHUNK)
+            chunk = min(CHUNK_GROWTH * chunk, MAX_CHUNK)

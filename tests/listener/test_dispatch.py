@@ -81,6 +81,7 @@ async def test_two_listeners_mark_a_big_instant_in_chunks_and_claim_from_the_fir
     # would never be invoked within the test.
     monkeypatch.setattr(clock, "FIRST_CHUNK", 50)
     monkeypatch.setattr(clock, "MAX_CHUNK", 100)
+    monkeypatch.setattr(clock, "CHUNK_GROWTH", 2)
     add_schedules(db, 2000)
     for _ in range(2):
         await start_listener(sweep_interval_s=3600)
