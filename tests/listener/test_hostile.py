@@ -247,6 +247,9 @@ async def test_endpoints_that_answer_garbage_or_nothing_are_recorded_as_errors(
         writer.close()
 
     _insert(db, "acme", "fn")
+    # One attempt: this test is about how each answer is recorded. With the default three, the
+    # jittered back-offs (up to 10 s, then 20 s) plus three 1 s timeouts could outlast the wait.
+    db.execute("UPDATE dispatch.schedules SET max_attempts = 1")
     async with _tcp_server(handler) as template:
         rows = await _dispatch_all(db, adb, start_listener, invoke_url=template, timeout_s=1.0)
     ((_, _, status, error, _),) = rows
