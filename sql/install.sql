@@ -62,6 +62,9 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \set version 16
 \set name 0016_schedules_fillfactor
 \ir apply_migration.psql
+\set version 17
+\set name 0017_project_id_check
+\ir apply_migration.psql
 \ir code/10_cron_engine.sql
 \ir code/15_schema_version.sql
 \ir code/20_timezones.sql

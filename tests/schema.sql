@@ -330,7 +330,7 @@ CREATE TABLE dispatch.schedules (
     CONSTRAINT schedules_overlap_check CHECK ((overlap = ANY (ARRAY['skip'::text, 'buffer_one'::text, 'allow'::text]))),
     CONSTRAINT schedules_paused_check CHECK (((paused_at IS NOT NULL) OR ((paused_by IS NULL) AND (paused_reason IS NULL)))),
     CONSTRAINT schedules_paused_reason_length_check CHECK ((length(paused_reason) <= 500)),
-    CONSTRAINT schedules_project_id_check CHECK (((project_id ~ '^[^[:space:][:cntrl:]/]{1,200}$'::text) AND (project_id !~ '^[.]{1,2}$'::text))),
+    CONSTRAINT schedules_project_id_check CHECK ((((length(project_id) >= 1) AND (length(project_id) <= 200)) AND (project_id !~ '[[:space:][:cntrl:]/]'::text) AND (project_id <> ALL (ARRAY['.'::text, '..'::text])))),
     CONSTRAINT schedules_retry_backoff_check CHECK (((retry_backoff > '00:00:00'::interval) AND (retry_backoff <= retry_backoff_max))),
     CONSTRAINT schedules_retry_backoff_max_check CHECK ((retry_backoff_max <= '1 day'::interval)),
     CONSTRAINT schedules_slot_rule_check CHECK (((cron_expression IS NULL) <> (every IS NULL))),
@@ -1422,9 +1422,10 @@ CREATE FUNCTION dispatch._schedule_before_write() RETURNS trigger
 DECLARE
     live boolean;
 BEGIN
-    -- As the CHECK constraint of 0002_schedules.sql says, with a message that names the field.
-    IF NEW.project_id IS NULL OR NEW.project_id !~ '^[^[:space:][:cntrl:]/]{1,200}$'
-       OR NEW.project_id ~ '^[.]{1,2}$' THEN
+    -- As the CHECK constraint of 0017_project_id_check.sql says, with a message that names the
+    -- field.
+    IF NEW.project_id IS NULL OR length(NEW.project_id) NOT BETWEEN 1 AND 200
+       OR NEW.project_id ~ '[[:space:][:cntrl:]/]' OR NEW.project_id IN ('.', '..') THEN
         RAISE EXCEPTION USING
             ERRCODE = 'invalid_parameter_value',
             MESSAGE = format('project_id %s is not a project id',

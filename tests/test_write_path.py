@@ -208,3 +208,39 @@ def test_bad_update_is_refused_and_the_row_is_unchanged(db: psycopg.Connection) 
             db.execute(f"UPDATE dispatch.schedules SET {assignment} WHERE id = %s", (sid,))
     assert db.execute("SELECT * FROM dispatch.schedules WHERE id = %s", (sid,)).fetchone() == before
     assert counts(db) == (1, 1)
+
+
+def test_the_project_id_check_refuses_what_the_first_one_did(db: psycopg.Connection) -> None:
+    """Migration 0017 said the check of 0002 without its bounded repetition: the same verdict,
+    from the trigger and from the CHECK constraint alone (the trigger skipped)."""
+    chars = ["a", "é", "😀", ".", "/", " ", "\t", "\n", "\x7f", "\x85", "\u00a0", "\u2028", "-", "_", "%"]
+    candidates = ["", ".", "..", "...", ".a", "a.", "x" * 199 + "é", "x" * 200, "x" * 201, "😀" * 200,
+                  "😀" * 201, *chars, *(a + b for a in chars for b in chars), *(c * 3 for c in chars)]
+    first_check = "p ~ '^[^[:space:][:cntrl:]/]{1,200}$' AND p !~ '^[.]{1,2}$'"
+    refused_by_first = dict(db.execute(
+        f"SELECT p, NOT ({first_check}) FROM unnest(%s::text[]) AS p", (candidates,)).fetchall())
+    assert any(refused_by_first.values()) and not all(refused_by_first.values())
+    for project_id in candidates:
+        with db.transaction(force_rollback=True):
+            try:
+                with db.transaction():
+                    db.execute(INSERT, schedule(project_id=project_id))
+            except errors.InvalidParameterValue:
+                refused_by_trigger = True
+            else:
+                refused_by_trigger = False
+            db.execute("SET LOCAL session_replication_role = replica")  # the CHECK alone
+            try:
+                with db.transaction():
+                    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression,"
+                               " cron_spec, next_run_at) VALUES (%s, 'f', '* * * * *',"
+                               " dispatch.cron_parse('* * * * *'), now() + interval '1 minute')",
+                               (project_id,))
+            except errors.CheckViolation as exc:
+                refused_by = exc.diag.constraint_name
+                refused_by_check = True
+            else:
+                refused_by_check = False
+            if refused_by_check:
+                assert refused_by == "schedules_project_id_check", repr(project_id)
+        assert (refused_by_trigger, refused_by_check) == (refused_by_first[project_id],) * 2, repr(project_id)

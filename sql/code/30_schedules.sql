@@ -66,9 +66,10 @@ AS $$
 DECLARE
     live boolean;
 BEGIN
-    -- As the CHECK constraint of 0002_schedules.sql says, with a message that names the field.
-    IF NEW.project_id IS NULL OR NEW.project_id !~ '^[^[:space:][:cntrl:]/]{1,200}$'
-       OR NEW.project_id ~ '^[.]{1,2}$' THEN
+    -- As the CHECK constraint of 0017_project_id_check.sql says, with a message that names the
+    -- field.
+    IF NEW.project_id IS NULL OR length(NEW.project_id) NOT BETWEEN 1 AND 200
+       OR NEW.project_id ~ '[[:space:][:cntrl:]/]' OR NEW.project_id IN ('.', '..') THEN
         RAISE EXCEPTION USING
             ERRCODE = 'invalid_parameter_value',
             MESSAGE = format('project_id %s is not a project id',
