@@ -10,6 +10,11 @@ the instant, the listeners' peak RSS, and whether any lease expired (a run claim
 
 Goals (issue #15): first invocation ≤ 0.5 s after the instant; all invoked ≤ 15 s with one
 listener, ≤ 12 s with two; RSS ≤ 150 MB; no lease expiring.
+
+--statements profiles the database side: the cluster is restarted with pg_stat_statements
+(track = all, so the statements inside dispatch's functions count too), and after each listener
+round the statements that took the most time are printed, in microseconds a run. The profiler
+costs time of its own: the figures of such a run are not the results table's.
 """
 
 from __future__ import annotations
@@ -53,9 +58,37 @@ def marking_s(db: psycopg.Connection, schedules: int) -> float:
     return took
 
 
+STATEMENTS_SETTINGS = {"shared_preload_libraries": "pg_cron,pg_stat_statements",
+                       "pg_stat_statements.track": "all"}
+
+
+def set_statements_profile(port: str, on: bool) -> None:
+    """pg_stat_statements on (or off) from the cluster's next start."""
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+        for name, value in STATEMENTS_SETTINGS.items():
+            conn.execute(f"ALTER SYSTEM SET {name} = '{value}'" if on else f"ALTER SYSTEM RESET {name}")
+
+
+def print_statements(db: psycopg.Connection, runs: int, top: int = 14) -> None:
+    """The statements that took the most time since the last reset, in us a run."""
+    print(f"    database time by statement (pg_stat_statements, track = all; nested ones are part of "
+          f"their callers' too), us a run of {runs:,}:")
+    for us, calls, query in db.execute(
+        "SELECT total_exec_time * 1000 / %s, calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 100)"
+        " FROM pg_stat_statements"
+        " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " ORDER BY total_exec_time DESC LIMIT %s", (runs, top),
+    ).fetchall():
+        print(f"      {us:8.1f}  {calls:>7,} calls  {query}")
+
+
 def measure(*, schedules: int, listener_counts: list[int], concurrency: int, data_dir: Path,
-            log_level: str = "info") -> dict[str, float]:
+            log_level: str = "info", statements: bool = False) -> dict[str, float]:
     port = start_cluster(data_dir, fast=True)
+    if statements:
+        set_statements_profile(port, True)
+        stop_cluster(data_dir)
+        port = start_cluster(data_dir, fast=True)
     results: dict[str, float] = {}
     try:
         url = recreate_database(port, DATABASE)
@@ -69,7 +102,11 @@ def measure(*, schedules: int, listener_counts: list[int], concurrency: int, dat
             results["stampede_mark_s"] = marking_s(db, schedules)
             print(f"  marking alone: dispatch.tick() marks {schedules:,} in "
                   f"{results['stampede_mark_s']:.2f} s")
+            if statements:
+                db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             for count in listener_counts:
+                if statements:
+                    db.execute("SELECT pg_stat_statements_reset()")
                 with listeners(count, url=url, template=sink.template, concurrency=concurrency,
                                log_dir=data_dir, log_level=log_level) as pids:
                     result = end_to_end(db, sink, runs=schedules, listener_pids=pids,
@@ -90,9 +127,15 @@ def measure(*, schedules: int, listener_counts: list[int], concurrency: int, dat
                       f"{median:.2f} s, last {last:.2f} s ({result.rate:,.0f} runs/s); peak RSS "
                       f"{rss:.0f} MB; runs claimed more than once (a lease expired) {instant_runs[0]}; "
                       f"not ok {instant_runs[1]}")
+                if statements:
+                    print_statements(db, schedules)
                 db.execute("TRUNCATE dispatch.runs, dispatch.audit_log")
     finally:
+        if statements:
+            set_statements_profile(port, False)
         stop_cluster(data_dir, check=False)
+    if statements:
+        return results  # the profiler's figures are not the results table's
     record(stampede_schedules=schedules, **results)
     return results
 
@@ -105,9 +148,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--dir", type=Path, default=ROOT / ".pgdata" / "bench-stampede")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--statements", action="store_true",
+                        help="profile the database's statements with pg_stat_statements (see above)")
     args = parser.parse_args()
     measure(schedules=args.schedules, listener_counts=[int(n) for n in args.listeners.split(",")],
-            concurrency=args.concurrency, data_dir=args.dir, log_level=args.log_level)
+            concurrency=args.concurrency, data_dir=args.dir, log_level=args.log_level,
+            statements=args.statements)
 
 
 if __name__ == "__main__":
