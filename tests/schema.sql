@@ -1674,6 +1674,60 @@ $$;
 
 
 --
+-- Name: _start_runs(bigint[], text, interval, interval); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._start_runs(ids bigint[], worker text, lease interval, default_timeout interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone, timeout interval, fire_at timestamp with time zone)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_indexscan TO 'off'
+    SET enable_seqscan TO 'off'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- The lease covers the run's invocation timeout (the schedule's own, else the caller's)
+    -- plus the margin the caller gave beyond its timeout.
+    RETURN QUERY
+    UPDATE dispatch.runs r
+    SET status = 'running',
+        worker = _start_runs.worker,
+        claimed_at = now(),
+        lease_until = now() + _start_runs.lease
+                      + coalesce(s.timeout - coalesce(_start_runs.default_timeout, interval '0'), interval '0'),
+        not_before = NULL,
+        attempt = r.attempt + 1
+    FROM dispatch.schedules s
+    WHERE r.id = ANY (_start_runs.ids) AND s.id = r.schedule_id
+    RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
+              r.request_id, r.scheduled_for, r.attempt, r.lease_until,
+              coalesce(s.timeout, _start_runs.default_timeout), r.fire_at;
+END
+$$;
+
+
+--
+-- Name: _take_running(bigint[], integer[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[]) RETURNS bigint[]
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_indexscan TO 'off'
+    SET enable_seqscan TO 'off'
+    AS $$
+    SELECT array_agg(l.id)
+    FROM (SELECT x.id
+          FROM dispatch.runs x
+          JOIN unnest(_take_running.run_ids, _take_running.attempts) AS i(id, attempt)
+            ON x.id = i.id AND x.attempt = i.attempt
+          JOIN dispatch.schedules s ON s.id = x.schedule_id
+          WHERE x.id = ANY (_take_running.run_ids) AND x.status = 'running'
+          FOR UPDATE OF x SKIP LOCKED
+          FOR NO KEY UPDATE OF s SKIP LOCKED) l
+$$;
+
+
+--
 -- Name: _tick_schedule(uuid, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -2028,22 +2082,8 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The lease covers the run's invocation timeout (the schedule's own, else the caller's)
-    -- plus the margin the caller gave beyond its timeout.
-    RETURN QUERY
-    UPDATE dispatch.runs r
-    SET status = 'running',
-        worker = claim_runs.worker,
-        claimed_at = now(),
-        lease_until = now() + claim_runs.lease
-                      + coalesce(s.timeout - coalesce(claim_runs.default_timeout, interval '0'), interval '0'),
-        not_before = NULL,
-        attempt = r.attempt + 1
-    FROM dispatch.schedules s
-    WHERE r.id = ANY (live_ids) AND s.id = r.schedule_id
-    RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
-              r.request_id, r.scheduled_for, r.attempt, r.lease_until,
-              coalesce(s.timeout, claim_runs.default_timeout), r.fire_at;
+    RETURN QUERY SELECT * FROM dispatch._start_runs(live_ids, claim_runs.worker, claim_runs.lease,
+                                                    claim_runs.default_timeout);
 END
 $$;
 
@@ -2115,15 +2155,7 @@ BEGIN
     -- The fence: a run is recorded only while it is running with the attempt the caller was
     -- given, whatever worker names it; a late outcome from an expired lease never lands on its
     -- successor. Its row and its schedule's are taken without waiting (invariant 3).
-    SELECT array_agg(l.id) INTO taken
-    FROM (SELECT x.id
-          FROM dispatch.runs x
-          JOIN unnest(complete_runs.run_ids, complete_runs.attempts) AS i(id, attempt)
-            ON x.id = i.id AND x.attempt = i.attempt
-          JOIN dispatch.schedules s ON s.id = x.schedule_id
-          WHERE x.status = 'running'
-          FOR UPDATE OF x SKIP LOCKED
-          FOR NO KEY UPDATE OF s SKIP LOCKED) l;
+    taken := dispatch._take_running(complete_runs.run_ids, complete_runs.attempts);
 
     IF coalesce(cardinality(taken), 0) < cardinality(complete_runs.run_ids) THEN
         -- Still the caller's but held by another transaction (a user's open one on the
@@ -4005,6 +4037,20 @@ REVOKE ALL ON FUNCTION dispatch._settle_runs(finished dispatch.runs[]) FROM PUBL
 --
 
 REVOKE ALL ON FUNCTION dispatch._skip_missed(s dispatch.schedules, from_slot timestamp with time zone, cut timestamp with time zone, horizon timestamp with time zone) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _start_runs(ids bigint[], worker text, lease interval, default_timeout interval); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._start_runs(ids bigint[], worker text, lease interval, default_timeout interval) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _take_running(run_ids bigint[], attempts integer[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[]) FROM PUBLIC;
 
 
 --

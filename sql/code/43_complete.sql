@@ -47,6 +47,30 @@ BEGIN
 END
 $$;
 
+-- The fence and the locks of complete_runs: the runs of `run_ids` still running with the attempt
+-- given, each with its schedule, locked without waiting (invariant 3). Found by id whatever the
+-- statistics say, like dispatch._start_runs and for the same reason (a plan made on a runs table
+-- the statistics took for empty scanned it whole at each call): without plain index scans, a
+-- bitmap scan of the primary key, or of the running runs' index (a listener's few hundred).
+CREATE OR REPLACE FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[])
+RETURNS bigint[]
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_indexscan = off
+SET enable_seqscan = off
+AS $$
+    SELECT array_agg(l.id)
+    FROM (SELECT x.id
+          FROM dispatch.runs x
+          JOIN unnest(_take_running.run_ids, _take_running.attempts) AS i(id, attempt)
+            ON x.id = i.id AND x.attempt = i.attempt
+          JOIN dispatch.schedules s ON s.id = x.schedule_id
+          WHERE x.id = ANY (_take_running.run_ids) AND x.status = 'running'
+          FOR UPDATE OF x SKIP LOCKED
+          FOR NO KEY UPDATE OF s SKIP LOCKED) l
+$$;
+
 -- A listener records a batch of outcomes in one round trip and one transaction.
 CREATE OR REPLACE FUNCTION dispatch.complete_runs(
     worker        text,
@@ -85,15 +109,7 @@ BEGIN
     -- The fence: a run is recorded only while it is running with the attempt the caller was
     -- given, whatever worker names it; a late outcome from an expired lease never lands on its
     -- successor. Its row and its schedule's are taken without waiting (invariant 3).
-    SELECT array_agg(l.id) INTO taken
-    FROM (SELECT x.id
-          FROM dispatch.runs x
-          JOIN unnest(complete_runs.run_ids, complete_runs.attempts) AS i(id, attempt)
-            ON x.id = i.id AND x.attempt = i.attempt
-          JOIN dispatch.schedules s ON s.id = x.schedule_id
-          WHERE x.status = 'running'
-          FOR UPDATE OF x SKIP LOCKED
-          FOR NO KEY UPDATE OF s SKIP LOCKED) l;
+    taken := dispatch._take_running(complete_runs.run_ids, complete_runs.attempts);
 
     IF coalesce(cardinality(taken), 0) < cardinality(complete_runs.run_ids) THEN
         -- Still the caller's but held by another transaction (a user's open one on the
