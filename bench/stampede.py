@@ -58,28 +58,36 @@ def marking_s(db: psycopg.Connection, schedules: int) -> float:
     return took
 
 
-STATEMENTS_SETTINGS = {"shared_preload_libraries": "pg_cron,pg_stat_statements",
-                       "pg_stat_statements.track": "all"}
+# as SQL (a list, not one quoted name)
+STATEMENTS_SETTINGS = {"shared_preload_libraries": "pg_cron, pg_stat_statements",
+                       "pg_stat_statements.track": "'all'"}
 
 
 def set_statements_profile(port: str, on: bool) -> None:
-    """pg_stat_statements on (or off) from the cluster's next start."""
+    """pg_stat_statements on (or off) from the cluster's next start. Its own settings are known
+    only once the library is loaded: set again after that start, they apply at the reload."""
     with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+        loaded = conn.execute("SELECT count(*) FROM pg_settings WHERE name = 'pg_stat_statements.track'"
+                              ).fetchone() == (1,)
         for name, value in STATEMENTS_SETTINGS.items():
-            conn.execute(f"ALTER SYSTEM SET {name} = '{value}'" if on else f"ALTER SYSTEM RESET {name}")
+            if name.startswith("pg_stat_statements.") and not loaded:
+                continue
+            conn.execute(f"ALTER SYSTEM SET {name} = {value}" if on else f"ALTER SYSTEM RESET {name}")
+        conn.execute("SELECT pg_reload_conf()")
 
 
 def print_statements(db: psycopg.Connection, runs: int, top: int = 14) -> None:
     """The statements that took the most time since the last reset, in us a run."""
     print(f"    database time by statement (pg_stat_statements, track = all; nested ones are part of "
-          f"their callers' too), us a run of {runs:,}:")
-    for us, calls, query in db.execute(
-        "SELECT total_exec_time * 1000 / %s, calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 100)"
+          f"their callers' too), us a run of {runs:,}, and of it JIT compilation:")
+    for us, jit_us, calls, query in db.execute(
+        "SELECT total_exec_time * 1000 / %s, (jit_generation_time + jit_inlining_time + jit_optimization_time"
+        " + jit_emission_time) * 1000 / %s, calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 90)"
         " FROM pg_stat_statements"
         " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        " ORDER BY total_exec_time DESC LIMIT %s", (runs, top),
+        " ORDER BY total_exec_time DESC LIMIT %s", (runs, runs, top),
     ).fetchall():
-        print(f"      {us:8.1f}  {calls:>7,} calls  {query}")
+        print(f"      {us:8.1f}  JIT {jit_us:6.1f}  {calls:>7,} calls  {query}")
 
 
 def measure(*, schedules: int, listener_counts: list[int], concurrency: int, data_dir: Path,
@@ -89,6 +97,7 @@ def measure(*, schedules: int, listener_counts: list[int], concurrency: int, dat
         set_statements_profile(port, True)
         stop_cluster(data_dir)
         port = start_cluster(data_dir, fast=True)
+        set_statements_profile(port, True)
     results: dict[str, float] = {}
     try:
         url = recreate_database(port, DATABASE)
