@@ -415,6 +415,38 @@ def test_claim_and_completion_find_runs_by_id_whatever_the_statistics_say(db: ps
     assert slot_key_entries_read() - before < 3000, "a claim or a completion scanned runs_slot_key"
 
 
+def test_a_tick_mends_statistics_that_say_runs_is_empty(db: psycopg.Connection, connect: Connect) -> None:
+    """The same statistics made the marking's probes of runs full index scans (a chunk ran for
+    minutes): a tick analyzes runs first, and never waits for the lock to do so."""
+    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
+               " SELECT 'p', 'f', '0 0 1 1 *' FROM generate_series(1, 3000)")
+    db.execute("INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, attempt, finished_at)"
+               " SELECT s.id, now() - k * interval '1 day', 'ok', 1, now()"
+               " FROM dispatch.schedules s CROSS JOIN generate_series(1, 5) k")
+    db.execute("SELECT pg_stat_force_next_flush()")
+
+    def as_the_autovacuum_left_them() -> None:
+        db.execute("UPDATE pg_class SET relpages = pg_relation_size(oid) / 8192, reltuples = 1"
+                   " WHERE oid = 'dispatch.runs'::regclass")
+
+    def planner_rows() -> float:
+        return float(scalar(db, "SELECT reltuples FROM pg_class WHERE oid = 'dispatch.runs'::regclass"))
+
+    # an autovacuum holds the table's ShareUpdateExclusiveLock: the tick goes on without analyzing
+    as_the_autovacuum_left_them()
+    holder = connect(autocommit=False)
+    holder.execute("LOCK TABLE dispatch.runs IN SHARE UPDATE EXCLUSIVE MODE")
+    ticker = connect()
+    ticker.execute("SET lock_timeout = '3s'")
+    assert scalar(ticker, "SELECT dispatch.tick()") == 0
+    assert planner_rows() == 1
+    holder.rollback()
+
+    assert scalar(ticker, "SELECT dispatch.tick()") == 0
+    assert planner_rows() == 15000
+    assert scalar(ticker, "SELECT taken FROM dispatch.tick_chunk(100)") == 0  # nothing left to mend
+
+
 def test_complete_runs_applies_complete_runs_rules_to_a_batch(db: psycopg.Connection) -> None:
     ids = [
         add_schedule(db, expr)

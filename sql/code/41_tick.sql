@@ -297,6 +297,16 @@ DECLARE
     sid uuid;
     moved boolean := false;
 BEGIN
+    -- Statistics that say runs is all but empty while it holds tens of thousands: what an
+    -- autovacuum leaves when it ran while a chunk of runs was being inserted (it counts none of
+    -- them). Every plan made then takes runs for a row or two, and the marking's probes of it
+    -- became full scans of an index for each due schedule: one chunk ran for minutes. The
+    -- statistics are mended before the marking is planned, without waiting for a lock that an
+    -- autovacuum or another ANALYZE holds (a later tick tries again).
+    IF (SELECT c.reltuples < pg_stat_get_live_tuples(c.oid) / 2 AND pg_stat_get_live_tuples(c.oid) > 10000
+        FROM pg_class c WHERE c.oid = 'dispatch.runs'::regclass) THEN
+        ANALYZE (SKIP_LOCKED) dispatch.runs;
+    END IF;
     IF max_runs IS NULL THEN
         requeued := dispatch._expire_leases();
     END IF;
