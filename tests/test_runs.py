@@ -386,20 +386,30 @@ def test_claiming_pending_runs_uses_the_pending_index(db: psycopg.Connection) ->
     assert "schedules_next_run_at_idx" in due
 
 
-def test_claim_and_completion_find_runs_by_id_whatever_the_statistics_say(db: psycopg.Connection) -> None:
-    """An autovacuum that runs while a big chunk of runs is being inserted counts none of them,
-    and leaves the planner sure that runs is empty: a plan made then scanned the whole of
-    runs_slot_key for every claim (65 ms each in a stampede). Claims and completions go by id."""
+def _schedules_with_history(db: psycopg.Connection) -> None:
+    """3,000 schedules that are not due, with 15,000 finished runs."""
     db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
                " SELECT 'p', 'f', '0 0 1 1 *' FROM generate_series(1, 3000)")
     db.execute("INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, attempt, finished_at)"
                " SELECT s.id, now() - k * interval '1 day', 'ok', 1, now()"
                " FROM dispatch.schedules s CROSS JOIN generate_series(1, 5) k")
-    make_due(db)
-    assert scalar(db, "SELECT dispatch.tick()") == 3000
-    # what the autovacuum left: the table's pages, and one row in them
+
+
+def _statistics_as_the_autovacuum_left_them(db: psycopg.Connection) -> None:
+    """What an autovacuum that ran while a chunk was being inserted leaves: the table's pages, and
+    one row in them."""
     db.execute("UPDATE pg_class SET relpages = pg_relation_size(oid) / 8192, reltuples = 1"
                " WHERE oid = 'dispatch.runs'::regclass")
+
+
+def test_claim_and_completion_find_runs_by_id_whatever_the_statistics_say(db: psycopg.Connection) -> None:
+    """An autovacuum that runs while a big chunk of runs is being inserted counts none of them,
+    and leaves the planner sure that runs is empty: a plan made then scanned the whole of
+    runs_slot_key for every claim (65 ms each in a stampede). Claims and completions go by id."""
+    _schedules_with_history(db)
+    make_due(db)
+    assert scalar(db, "SELECT dispatch.tick()") == 3000
+    _statistics_as_the_autovacuum_left_them(db)
 
     def slot_key_entries_read() -> int:
         db.execute("SELECT pg_stat_force_next_flush()")
@@ -418,22 +428,14 @@ def test_claim_and_completion_find_runs_by_id_whatever_the_statistics_say(db: ps
 def test_a_tick_mends_statistics_that_say_runs_is_empty(db: psycopg.Connection, connect: Connect) -> None:
     """The same statistics made the marking's probes of runs full index scans (a chunk ran for
     minutes): a tick analyzes runs first, and never waits for the lock to do so."""
-    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
-               " SELECT 'p', 'f', '0 0 1 1 *' FROM generate_series(1, 3000)")
-    db.execute("INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, attempt, finished_at)"
-               " SELECT s.id, now() - k * interval '1 day', 'ok', 1, now()"
-               " FROM dispatch.schedules s CROSS JOIN generate_series(1, 5) k")
+    _schedules_with_history(db)
     db.execute("SELECT pg_stat_force_next_flush()")
-
-    def as_the_autovacuum_left_them() -> None:
-        db.execute("UPDATE pg_class SET relpages = pg_relation_size(oid) / 8192, reltuples = 1"
-                   " WHERE oid = 'dispatch.runs'::regclass")
 
     def planner_rows() -> float:
         return float(scalar(db, "SELECT reltuples FROM pg_class WHERE oid = 'dispatch.runs'::regclass"))
 
     # an autovacuum holds the table's ShareUpdateExclusiveLock: the tick goes on without analyzing
-    as_the_autovacuum_left_them()
+    _statistics_as_the_autovacuum_left_them(db)
     holder = connect(autocommit=False)
     holder.execute("LOCK TABLE dispatch.runs IN SHARE UPDATE EXCLUSIVE MODE")
     ticker = connect()
