@@ -27,7 +27,7 @@ SELECT r.id, r.status, r.error, r.http_status, f.decision, f.answered,
            WHEN r.status IN ('pending', 'running') THEN 'unfinished'
            -- every attempt used: failures the sink made on purpose and lost leases (kills)
            WHEN r.status = 'lost'
-                AND r.attempt >= (SELECT s.max_attempts FROM dispatch.schedules s WHERE s.id = r.schedule_id)
+                AND r.attempt - r.released >= (SELECT s.max_attempts FROM dispatch.schedules s WHERE s.id = r.schedule_id)
            THEN 'exhausted'
            WHEN r.status IN ('skipped', 'lost') THEN r.status
            -- no request reached the sink on the last attempt: only a connection error is right

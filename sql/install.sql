@@ -65,6 +65,9 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \set version 17
 \set name 0017_project_id_check
 \ir apply_migration.psql
+\set version 18
+\set name 0018_run_releases
+\ir apply_migration.psql
 \ir code/10_cron_engine.sql
 \ir code/15_schema_version.sql
 \ir code/20_timezones.sql

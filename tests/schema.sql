@@ -84,12 +84,14 @@ CREATE TABLE dispatch.runs (
     earlier_attempts jsonb,
     kind text DEFAULT 'scheduled'::text NOT NULL,
     fire_at timestamp with time zone,
+    released integer DEFAULT 0 NOT NULL,
     CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT runs_error_length_check CHECK ((length(error) <= 500)),
     CONSTRAINT runs_finished_at_check CHECK (((status = ANY (ARRAY['pending'::text, 'running'::text])) = (finished_at IS NULL))),
     CONSTRAINT runs_fire_at_check CHECK (((fire_at IS NOT NULL) OR (status <> ALL (ARRAY['pending'::text, 'running'::text])))),
     CONSTRAINT runs_kind_check CHECK ((kind = ANY (ARRAY['scheduled'::text, 'manual'::text, 'backfill'::text]))),
     CONSTRAINT runs_not_before_check CHECK (((not_before IS NULL) OR (status = 'pending'::text))),
+    CONSTRAINT runs_released_check CHECK (((released >= 0) AND (released <= attempt))),
     CONSTRAINT runs_running_has_lease_check CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_until > claimed_at)))),
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'ok'::text, 'error'::text, 'skipped'::text, 'lost'::text])))
 )
@@ -178,6 +180,13 @@ COMMENT ON COLUMN dispatch.runs.kind IS 'scheduled: one of the schedule''s slots
 --
 
 COMMENT ON COLUMN dispatch.runs.fire_at IS 'When the run is invoked: scheduled_for plus the schedule''s jitter offset (a run marked before its fire instant waits in not_before until then). NULL only on runs that finished before schema version 14.';
+
+
+--
+-- Name: COLUMN runs.released; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.released IS 'Claims of this run that dispatch.release_runs handed back before invoking it. attempt counts every claim (the fencing token only grows); attempt - released is the number of invocations that went out.';
 
 
 --
@@ -272,10 +281,15 @@ CREATE FUNCTION dispatch._audit_runs(finished dispatch.runs[]) RETURNS void
                'scheduledFor', f.scheduled_for,
                'attempt', f.attempt,
                'error', f.error,
-               -- every attempt, when there was more than one
-               'attempts', f.earlier_attempts || jsonb_build_object(
-                   'attempt', f.attempt, 'status', f.status, 'error', f.error, 'httpStatus', f.http_status,
-                   'durationMs', f.duration_ms, 'at', f.finished_at)))
+               -- every attempt, when there was more than one; the run's own outcome is one more
+               -- only when an invocation ended it (a run ended while it waited for its retry
+               -- made none: its last attempt is already listed)
+               'attempts', f.earlier_attempts || CASE
+                   WHEN f.attempt - f.released > jsonb_array_length(coalesce(f.earlier_attempts, '[]'))
+                   THEN jsonb_build_array(jsonb_build_object(
+                       'attempt', f.attempt, 'status', f.status, 'error', f.error, 'httpStatus', f.http_status,
+                       'durationMs', f.duration_ms, 'at', f.finished_at))
+                   ELSE '[]' END))
     FROM unnest(_audit_runs.finished) f
     JOIN dispatch.schedules s ON s.id = f.schedule_id
 $$;
@@ -818,8 +832,11 @@ BEGIN
     ), late AS (
         UPDATE dispatch.runs r
         SET status = 'error', finished_at = now(), not_before = NULL,
-            error = left(coalesce(r.error, 'failed') || '; not retried: the next slot came first', 500)
-        FROM taken t WHERE r.id = t.id
+            error = left(coalesce(r.error, 'failed') || CASE
+                WHEN r.attempt - r.released >= s.max_attempts
+                THEN format('; not retried: max_attempts is now %s', s.max_attempts)
+                ELSE '; not retried: the next slot came first' END, 500)
+        FROM taken t, dispatch.schedules s WHERE r.id = t.id AND s.id = r.schedule_id
         RETURNING r
     )
     SELECT array_agg(l.r) INTO ended FROM late l;
@@ -867,20 +884,24 @@ BEGIN
 
     WITH stale AS (
         UPDATE dispatch.runs r
-        SET status = CASE WHEN r.attempt > 0 THEN 'lost' ELSE 'skipped' END,
+        SET status = CASE WHEN r.attempt = r.released THEN 'skipped'
+                          WHEN r.earlier_attempts -> -1 ->> 'status' = 'lost' THEN 'lost'
+                          ELSE 'error' END,
             finished_at = now(),
             not_before = NULL,
-            error = CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
-                         THEN format('schedule %s before the run was %s',
-                                     CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
-                                          WHEN s.paused_at IS NOT NULL THEN 'paused'
-                                          ELSE 'disabled' END,
-                                     CASE WHEN r.attempt > 0 THEN 'retried (an earlier attempt may have run)'
-                                          ELSE 'claimed' END)
-                         ELSE format('%s (misfire_grace %s)',
-                                     dispatch._missed_by(now() - coalesce(r.fire_at, r.scheduled_for)), s.misfire_grace)
-                    END
+            error = left(CASE
+                WHEN k.stopped IS NULL
+                THEN format('%s (misfire_grace %s)',
+                            dispatch._missed_by(now() - coalesce(r.fire_at, r.scheduled_for)), s.misfire_grace)
+                WHEN r.attempt = r.released THEN format('schedule %s before the run was claimed', k.stopped)
+                WHEN r.earlier_attempts -> -1 ->> 'status' = 'lost'
+                THEN format('schedule %s before the run was retried (an earlier attempt may have run)', k.stopped)
+                ELSE format('%s; not retried: schedule %s during the back-off', coalesce(r.error, 'failed'), k.stopped)
+                END, 500)
         FROM dispatch.schedules s
+        CROSS JOIN LATERAL (SELECT CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
+                                        WHEN s.paused_at IS NOT NULL THEN 'paused'
+                                        WHEN NOT s.enabled THEN 'disabled' END AS stopped) k
         WHERE r.id = ANY (ids) AND s.id = r.schedule_id
         RETURNING r
     )
@@ -945,7 +966,7 @@ BEGIN
             'attempt', r.attempt, 'status', 'lost', 'error', format('lease of %s expired', r.worker), 'at', clock)
     FROM dispatch.schedules s
     WHERE r.id = ANY (ids) AND s.id = r.schedule_id
-      AND r.attempt < s.max_attempts AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL;
+      AND r.attempt - r.released < s.max_attempts AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL;
     GET DIAGNOSTICS requeued = ROW_COUNT;
 
     -- Otherwise lost: the attempt may have been invoked, so never skipped.
@@ -953,7 +974,8 @@ BEGIN
         UPDATE dispatch.runs r
         SET status = 'lost', finished_at = clock,
             error = left(CASE WHEN s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL
-                              THEN format('lease of %s expired on attempt %s of %s', r.worker, r.attempt, s.max_attempts)
+                              THEN format('lease of %s expired on attempt %s of %s', r.worker, r.attempt - r.released,
+                                          s.max_attempts)
                               ELSE format('lease of %s expired on attempt %s after the schedule was %s: it may have run',
                                           r.worker, r.attempt,
                                           CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
@@ -1206,7 +1228,7 @@ $$;
 CREATE FUNCTION dispatch._missed(r dispatch.runs, s dispatch.schedules) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-    SELECT r.attempt OPERATOR(pg_catalog.=) 0 AND r.kind OPERATOR(pg_catalog.=) 'scheduled'
+    SELECT r.attempt OPERATOR(pg_catalog.=) r.released AND r.kind OPERATOR(pg_catalog.=) 'scheduled'
        AND s.misfire_grace IS NOT NULL
        AND (pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(r.fire_at, r.scheduled_for))
            OPERATOR(pg_catalog.>) s.misfire_grace
@@ -2040,12 +2062,33 @@ DECLARE
     stale_ids bigint[];
     more_stale bigint[];
 BEGIN
+    -- A running run must hold a finite lease that outlasts its call: with none, no expiry ever
+    -- selects it and its schedule is wedged; with one shorter than the call, the lease runs out
+    -- while the function is still being called and the run is invoked a second time.
+    IF claim_runs.worker IS NULL OR claim_runs.worker = '' THEN
+        RAISE EXCEPTION 'worker must name the claimer, not %', coalesce(quote_literal(claim_runs.worker), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF claim_runs.max_runs IS NULL OR claim_runs.max_runs < 0 THEN
+        RAISE EXCEPTION 'max_runs must be 0 or more, not %', coalesce(claim_runs.max_runs::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF claim_runs.default_timeout <= interval '0' OR claim_runs.default_timeout > interval '1 hour' THEN
+        RAISE EXCEPTION 'default_timeout must be more than 0 and at most 1 hour, not %', claim_runs.default_timeout
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'NULL when the schedules'' own timeouts (or none) apply.';
+    ELSIF claim_runs.lease IS NULL OR claim_runs.lease <= coalesce(claim_runs.default_timeout, interval '0')
+          OR claim_runs.lease > interval '1 day' THEN
+        RAISE EXCEPTION 'lease must be longer than default_timeout (%) and at most 1 day, not %',
+                        coalesce(claim_runs.default_timeout::text, 'NULL'), coalesce(claim_runs.lease::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A lease that ends while the function is being called lets another claim invoke the run again: give the timeout plus a margin (the listener uses timeout + 30 s).';
+    END IF;
+
     -- Two queues, each read oldest first: runs whose not_before is over (retries after their
     -- back-off, slots that waited for their jittered instant), then runs marked for their slot. A run another transaction holds is skipped, so concurrent claims never get the
     -- same run and never wait.
     --
     -- Some runs are not handed out. A retry that can no longer start before its schedule's
-    -- next slot ends error (late_ids). A run whose schedule stopped, or whose first attempt
+    -- next slot, or that max_attempts (lowered since) no longer allows, ends error (late_ids). A run whose schedule stopped, or whose first attempt
     -- cannot start within misfire_grace, ends skipped (stale_ids): the transaction that stopped
     -- a schedule ended every run it could see, this ends those that became pending behind its
     -- back (a release or a lease expiry racing it).
@@ -2055,7 +2098,9 @@ BEGIN
     FROM (SELECT r.id,
                  CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
                       WHEN dispatch._missed(r, s) THEN 'stale'
-                      WHEN r.kind = 'scheduled' AND r.attempt > 0
+                      -- a retry: max_attempts lowered during its back-off, or past the next slot
+                      WHEN r.attempt > r.released AND r.attempt - r.released >= s.max_attempts THEN 'late'
+                      WHEN r.kind = 'scheduled' AND r.attempt > r.released
                            AND now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
                       ELSE 'live' END AS state
           FROM dispatch.runs r
@@ -2102,7 +2147,7 @@ $$;
 -- Name: FUNCTION claim_runs(worker text, max_runs integer, lease interval, default_timeout interval); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval, default_timeout interval) IS 'Move up to max_runs pending runs of live schedules to running for worker and return what is needed to invoke them (fire_at: the instant the run fires at, its slot plus the schedule''s jitter offset): runs whose not_before is over first (retries, slots that waited for their jittered instant), then runs in slot order (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits). attempt is the fencing token to pass to complete_runs or release_runs. timeout is the invocation timeout to apply: the schedule''s, else default_timeout (the caller''s). lease_until is now + lease, plus the schedule''s timeout minus default_timeout when the schedule has its own: give lease = default_timeout plus a margin. Runs that must not start end instead: a retry past the next slot (error), a first attempt past misfire_grace, a run of a stopped schedule (skipped).';
+COMMENT ON FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval, default_timeout interval) IS 'Move up to max_runs pending runs of live schedules to running for worker and return what is needed to invoke them (fire_at: the instant the run fires at, its slot plus the schedule''s jitter offset): runs whose not_before is over first (retries, slots that waited for their jittered instant), then runs in slot order (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits). attempt is the fencing token to pass to complete_runs or release_runs: each claim of a run gets a higher one, a claim handed back included. timeout is the invocation timeout to apply: the schedule''s, else default_timeout (the caller''s). lease_until is now + lease, plus the schedule''s timeout minus default_timeout when the schedule has its own: lease must be longer than default_timeout (at most 1 day; 22023 otherwise): give default_timeout plus a margin. Runs that must not start end instead: a retry past the next slot or beyond max_attempts (error), a first attempt past misfire_grace, a run of a stopped schedule (skipped).';
 
 
 --
@@ -2151,6 +2196,8 @@ DECLARE
     retried_ids bigint[];
     retried_at timestamptz[];
     too_late bigint[];
+    stopped_ids bigint[];
+    stopped_why text[];
     finished dispatch.runs[];
 BEGIN
     IF cardinality(complete_runs.attempts) IS DISTINCT FROM cardinality(complete_runs.run_ids)
@@ -2178,11 +2225,13 @@ BEGIN
     END IF;
 
     -- Retryable failures with attempts left go back to pending until their back-off is over,
-    -- unless the retry would start only after the schedule's next slot.
+    -- unless the retry would start only after the schedule's next slot, or the schedule stopped
+    -- while the attempt was out (a stopped schedule invokes nothing more; the outcome is final,
+    -- as it is for a retry that was waiting when the stop committed).
     IF true = ANY (complete_runs.retryable) THEN
         WITH candidate AS (
             SELECT x.id, x.attempt, i.error, i.http_status, i.duration_ms,
-                   clock + dispatch._retry_delay(s, x.attempt, i.retry_after_ms) AS at,
+                   clock + dispatch._retry_delay(s, x.attempt - x.released, i.retry_after_ms) AS at,
                    -- a backfill slot is old by definition: only a scheduled run's retry races
                    -- the next slot
                    CASE WHEN x.kind = 'scheduled'
@@ -2193,7 +2242,15 @@ BEGIN
                         complete_runs.http_statuses, complete_runs.durations_ms, complete_runs.retryable,
                         complete_runs.retry_after_ms)
                  AS i(id, status, error, http_status, duration_ms, retryable, retry_after_ms) ON i.id = x.id
-            WHERE x.id = ANY (taken) AND i.status = 'error' AND i.retryable AND x.attempt < s.max_attempts
+            WHERE x.id = ANY (taken) AND i.status = 'error' AND i.retryable
+              AND x.attempt - x.released < s.max_attempts
+        ), stopped AS (
+            SELECT x.id, CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
+                              WHEN s.paused_at IS NOT NULL THEN 'paused' ELSE 'disabled' END AS why
+            FROM candidate c
+            JOIN dispatch.runs x ON x.id = c.id
+            JOIN dispatch.schedules s ON s.id = x.schedule_id
+            WHERE NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
         ), retried AS (
             UPDATE dispatch.runs x
             SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL, not_before = c.at,
@@ -2203,11 +2260,14 @@ BEGIN
                     'httpStatus', c.http_status, 'durationMs', c.duration_ms, 'at', clock)
             FROM candidate c
             WHERE x.id = c.id AND (c.next_slot IS NULL OR c.at < c.next_slot)
+              AND c.id NOT IN (SELECT t.id FROM stopped t)
             RETURNING x.id, x.not_before
         )
         SELECT array_agg(r.id), array_agg(r.not_before),
-               (SELECT array_agg(c.id) FROM candidate c WHERE c.at >= c.next_slot)
-        INTO retried_ids, retried_at, too_late FROM retried r;
+               (SELECT array_agg(c.id) FROM candidate c WHERE c.at >= c.next_slot
+                  AND c.id NOT IN (SELECT t.id FROM stopped t)),
+               (SELECT array_agg(t.id) FROM stopped t), (SELECT array_agg(t.why) FROM stopped t)
+        INTO retried_ids, retried_at, too_late, stopped_ids, stopped_why FROM retried r;
         IF retried_ids IS NOT NULL THEN
             PERFORM pg_notify('dispatch', 'schedules');  -- listeners' clocks wake for the retry
         END IF;
@@ -2218,6 +2278,9 @@ BEGIN
         SET status = i.status,
             finished_at = now(),
             error = left(CASE WHEN x.id = ANY (too_late) THEN i.error || '; not retried: the next slot comes first'
+                              WHEN x.id = ANY (stopped_ids)
+                              THEN format('%s; not retried: schedule %s', i.error,
+                                          stopped_why[array_position(stopped_ids, x.id)])
                               ELSE i.error END, 500),
             http_status = i.http_status,
             duration_ms = i.duration_ms
@@ -2980,8 +3043,11 @@ BEGIN
           FOR UPDATE OF x SKIP LOCKED) l;
 
     UPDATE dispatch.runs x
+    -- The attempt stays: it is the fencing token, and the next claim must get a higher one than
+    -- this claim had (invariant 7). released says that this claim invoked nothing, so it counts
+    -- toward neither max_attempts nor misfire_grace's "first attempt".
     SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
-        attempt = x.attempt - 1
+        released = x.released + 1
     WHERE x.id = ANY (taken);
     GET DIAGNOSTICS released = ROW_COUNT;
     IF released > 0 THEN
@@ -2998,7 +3064,7 @@ $$;
 -- Name: FUNCTION release_runs(worker text, run_ids bigint[], attempts integer[]); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[], attempts integer[]) IS 'Hand runs that were claimed but never invoked back to pending, giving back the attempt; only runs still running with the attempt given (worker is informational). A run whose schedule has stopped ends skipped instead. Returns how many were handed back. Used by a listener that shuts down.';
+COMMENT ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[], attempts integer[]) IS 'Hand runs that were claimed but never invoked back to pending (counted in released: the claim uses up no attempt of max_attempts, and the next claim gets a higher attempt, a fencing token no earlier claim had); only runs still running with the attempt given (worker is informational). A run whose schedule has stopped ends skipped instead. Returns how many were handed back. Used by a listener that shuts down.';
 
 
 --

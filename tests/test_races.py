@@ -96,7 +96,8 @@ def test_disable_mid_flight_then_a_release_ends_the_run_skipped(
     assert run_state(db, run[0])[0] == "running"  # claimed before the stop: it is a's to finish
     assert release(a, "a", [run]) == 1  # a shuts down without having invoked it
     assert claim(b, "b") == []
-    assert run_state(db, run[0]) == ("skipped", 0, "schedule disabled before the run was claimed")
+    # the attempt stays 1: the fencing token is never handed out again (invariant 7)
+    assert run_state(db, run[0]) == ("skipped", 1, "schedule disabled before the run was claimed")
     assert audit_actions(db, run[0]) == ["schedule.run.skipped"]
 
 
@@ -114,7 +115,8 @@ def test_a_release_behind_the_back_of_the_disabling_transaction_is_caught_by_the
     user.commit()
     assert run_state(db, run[0])[0] == "pending"
     assert claim(b, "b") == []  # claim_runs hands out no run of a stopped schedule: it ends it
-    assert run_state(db, run[0]) == ("skipped", 0, "schedule disabled before the run was claimed")
+    # the attempt stays 1: the fencing token is never handed out again (invariant 7)
+    assert run_state(db, run[0]) == ("skipped", 1, "schedule disabled before the run was claimed")
     assert audit_actions(db, run[0]) == ["schedule.run.skipped"]
 
 

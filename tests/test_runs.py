@@ -164,7 +164,7 @@ def test_claim_returns_what_an_invocation_needs_oldest_first(db: psycopg.Connect
     assert run[7] == 1
     lease = scalar(db, "SELECT lease_until - claimed_at FROM dispatch.runs WHERE id = %s", (run[0],))
     assert lease.total_seconds() == 45
-    with pytest.raises(errors.CheckViolation, match="runs_running_has_lease_check"):
+    with pytest.raises(errors.InvalidParameterValue, match="^lease must be longer than default_timeout"):
         claim(db, "w", 1, "0 seconds")
 
 
@@ -289,7 +289,7 @@ def test_expired_lease_retries_then_ends_lost(db: psycopg.Connection, connect: C
     assert scalar(db, "SELECT dispatch.tick(next_run_at) FROM dispatch.schedules WHERE id = %s", (sid,)) == 1
 
 
-def test_release_gives_back_the_attempt(db: psycopg.Connection) -> None:
+def test_release_hands_the_run_back_and_counts_the_claim_as_released(db: psycopg.Connection) -> None:
     add_schedule(db)
     make_due(db)
     db.execute("SELECT dispatch.tick()")
@@ -297,8 +297,8 @@ def test_release_gives_back_the_attempt(db: psycopg.Connection) -> None:
     assert release(db, "w", [(*run[:7], run[7] + 1)]) == 0  # not the attempt it holds
     assert release(db, "other", [run]) == 1  # the worker's name is informational
     assert db.execute(
-        "SELECT status, attempt, worker FROM dispatch.runs WHERE id = %s", (run[0],)
-    ).fetchone() == ("pending", 0, None)
+        "SELECT status, attempt, released, worker FROM dispatch.runs WHERE id = %s", (run[0],)
+    ).fetchone() == ("pending", 1, 1, None)
 
 
 STOPS = [("UPDATE dispatch.schedules SET enabled = false WHERE id = %s", "disabled"),

@@ -89,7 +89,8 @@ class DispatchWalk(RuleBasedStateMachine):
         self.gone_zone: set[str] = set()
         self.claims: list[list[Claim]] = [[] for _ in s.listeners]
         self.retry_at: dict[int, datetime] = {}  # run id -> when complete_runs said it is retried
-        self.seen: set[tuple[int, int]] = set()
+        self.seen: set[tuple[int, int]] = set()  # every (run, token) handed out: never twice
+        self.spent: list[Claim] = []  # claims released or completed, whose calls may come again
         self.runs_count = 0
         self.last_seen_run = 0
         self.dba_open: str | None = None  # "edit" or "tick"
@@ -174,7 +175,7 @@ class DispatchWalk(RuleBasedStateMachine):
             (c.run_id, f"w{i}", c.attempt, "ok" if ok else "error", None if ok else "boom", None, 5,
              outcome in ("retryable", "retry-after"), 20 if outcome == "retry-after" else None)).fetchone()  # type: ignore[misc]
         status, attempt, attempts_left = s.clock.execute(
-            "SELECT r.status, r.attempt, r.attempt < s.max_attempts"
+            "SELECT r.status, r.attempt, r.attempt - r.released < s.max_attempts"
             " FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id WHERE r.id = %s",
             (c.run_id,)).fetchone()  # type: ignore[misc]
         DispatchWalk.seen_outcomes["busy" if busy else "retried" if retry_at else "recorded" if recorded
@@ -188,6 +189,7 @@ class DispatchWalk(RuleBasedStateMachine):
             self.retry_at[c.run_id] = retry_at
         elif recorded:
             assert (status, attempt) == ("ok" if ok else "error", c.attempt)
+            self.spent.append(c)
         else:  # fenced out: the run moved on without this attempt
             assert (status, attempt) != ("running", c.attempt)
 
@@ -204,8 +206,13 @@ class DispatchWalk(RuleBasedStateMachine):
 
     @rule(i=st.integers(0, 1))
     def listener_is_killed(self, i: int) -> None:
-        """kill -9: what it held is never completed nor released; its leases run out."""
+        """kill -9: what it held is never completed nor released; its leases run out (an hour's
+        lease as well: the walk's clock moves it to its end)."""
         self.step()
+        self.sessions.clock.execute(
+            "UPDATE dispatch.runs SET lease_until = claimed_at + interval '1 millisecond'"
+            " WHERE id = ANY (%s) AND status = 'running' AND attempt = ANY (%s)",
+            ([c.run_id for c in self.claims[i]], [c.attempt for c in self.claims[i]]))
         self.claims[i] = []
 
     @rule(i=st.integers(0, 1), pick=st.integers(0, 99))
@@ -220,10 +227,33 @@ class DispatchWalk(RuleBasedStateMachine):
                        (f"w{i}", [c.run_id], [c.attempt]))
         status, attempt = s.clock.execute(
             "SELECT status, attempt FROM dispatch.runs WHERE id = %s", (c.run_id,)).fetchone()  # type: ignore[misc]
-        if released:  # handed back uninvoked: the attempt is given back, and may be issued again
-            assert attempt == c.attempt - 1
-            assert status in ("pending", "skipped", "lost")
-            self.seen.discard((c.run_id, c.attempt))
+        if released:  # handed back uninvoked: the token stays spent (invariant 7)
+            assert attempt == c.attempt
+            assert status in ("pending", "skipped", "error", "lost")
+        self.spent.append(c)
+
+    @rule(i=st.integers(0, 1), pick=st.integers(0, 99), release_it=st.booleans())
+    def a_late_call_arrives_again(self, i: int, pick: int, release_it: bool) -> None:
+        """A release or outcome of a claim that was already released or completed arrives again
+        (a retried call, a duplicated message): it changes nothing, whoever holds the run now."""
+        if not self.spent:
+            return
+        self.step()
+        c = self.spent[pick % len(self.spent)]
+        s = self.sessions
+        before = s.clock.execute("SELECT status, attempt, worker FROM dispatch.runs WHERE id = %s",
+                                 (c.run_id,)).fetchone()
+        if release_it:
+            changed = one(s.listeners[i], "SELECT dispatch.release_runs(%s, %s, %s)",
+                          (f"w{i}", [c.run_id], [c.attempt]))
+        else:
+            changed, *_ = s.listeners[i].execute(
+                "CALL dispatch.complete_run(%s, %s, %s, 'error', 'late', NULL, 5, true, NULL)",
+                (c.run_id, f"w{i}", c.attempt)).fetchone()  # type: ignore[misc]
+        assert not changed
+        assert s.clock.execute("SELECT status, attempt, worker FROM dispatch.runs WHERE id = %s",
+                               (c.run_id,)).fetchone() == before
+        DispatchWalk.seen_outcomes["late call"] += 1
 
     # -- administrators -----------------------------------------------------------------------
 
@@ -429,7 +459,7 @@ class DispatchWalk(RuleBasedStateMachine):
               AND NOT EXISTS (SELECT 1 FROM unnest(%s::interval[]) e(every)
                               WHERE mod(extract(epoch FROM r.scheduled_for - s.created_at),
                                         extract(epoch FROM e.every)) = 0)
-              AND NOT (r.status = 'skipped' AND r.attempt = 0)""",
+              AND NOT (r.status = 'skipped' AND r.attempt = r.released)""",
             ([e.removeprefix("every ") for e in EXPRESSIONS if e.startswith("every ")],)).fetchall() == []
 
 

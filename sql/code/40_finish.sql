@@ -42,10 +42,15 @@ AS $$
                'scheduledFor', f.scheduled_for,
                'attempt', f.attempt,
                'error', f.error,
-               -- every attempt, when there was more than one
-               'attempts', f.earlier_attempts || jsonb_build_object(
-                   'attempt', f.attempt, 'status', f.status, 'error', f.error, 'httpStatus', f.http_status,
-                   'durationMs', f.duration_ms, 'at', f.finished_at)))
+               -- every attempt, when there was more than one; the run's own outcome is one more
+               -- only when an invocation ended it (a run ended while it waited for its retry
+               -- made none: its last attempt is already listed)
+               'attempts', f.earlier_attempts || CASE
+                   WHEN f.attempt - f.released > jsonb_array_length(coalesce(f.earlier_attempts, '[]'))
+                   THEN jsonb_build_array(jsonb_build_object(
+                       'attempt', f.attempt, 'status', f.status, 'error', f.error, 'httpStatus', f.http_status,
+                       'durationMs', f.duration_ms, 'at', f.finished_at))
+                   ELSE '[]' END))
     FROM unnest(_audit_runs.finished) f
     JOIN dispatch.schedules s ON s.id = f.schedule_id
 $$;
@@ -260,7 +265,7 @@ $$;
 COMMENT ON FUNCTION dispatch._waits_its_turn(dispatch.runs) IS
     'Whether a run is a backfill run waiting its turn (not_before infinity): it holds nothing of its schedule.';
 
--- A first attempt of a slot that can no longer start within its schedule's misfire_grace of its
+-- A first attempt (no invocation went out yet) of a slot that can no longer start within its schedule's misfire_grace of its
 -- fire instant.
 -- Retries and attempts after a lost lease are not held to it (the first attempt started in
 -- time), nor manual and backfill runs, which an operator asked for.
@@ -271,15 +276,17 @@ CREATE OR REPLACE FUNCTION dispatch._missed(r dispatch.runs, s dispatch.schedule
 RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
-    SELECT r.attempt OPERATOR(pg_catalog.=) 0 AND r.kind OPERATOR(pg_catalog.=) 'scheduled'
+    SELECT r.attempt OPERATOR(pg_catalog.=) r.released AND r.kind OPERATOR(pg_catalog.=) 'scheduled'
        AND s.misfire_grace IS NOT NULL
        AND (pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(r.fire_at, r.scheduled_for))
            OPERATOR(pg_catalog.>) s.misfire_grace
 $$;
 
--- Pending runs that must not be invoked end here: those whose schedule stopped (skipped when no
--- attempt was made, lost when an earlier attempt's lease expired: that one may have run), and
--- those that could not start within their schedule's misfire_grace (skipped, "missed by").
+-- Pending runs that must not be invoked end here: those whose schedule stopped, and those that
+-- could not start within their schedule's misfire_grace (skipped, "missed by"). A stopped
+-- schedule's run ends with what is known of it (invariant 7): skipped when no invocation went
+-- out; error, its last outcome, when it waited for a retry after a failed attempt; lost only when
+-- the last attempt's lease expired, since that one may have run.
 -- wait => true is for the transaction that stops the schedule (its trigger): it waits for a
 -- claim in progress, so that a run claimed before the stop commits stays claimed. Everyone
 -- else passes false and leaves alone what another transaction holds.
@@ -319,20 +326,24 @@ BEGIN
 
     WITH stale AS (
         UPDATE dispatch.runs r
-        SET status = CASE WHEN r.attempt > 0 THEN 'lost' ELSE 'skipped' END,
+        SET status = CASE WHEN r.attempt = r.released THEN 'skipped'
+                          WHEN r.earlier_attempts -> -1 ->> 'status' = 'lost' THEN 'lost'
+                          ELSE 'error' END,
             finished_at = now(),
             not_before = NULL,
-            error = CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
-                         THEN format('schedule %s before the run was %s',
-                                     CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
-                                          WHEN s.paused_at IS NOT NULL THEN 'paused'
-                                          ELSE 'disabled' END,
-                                     CASE WHEN r.attempt > 0 THEN 'retried (an earlier attempt may have run)'
-                                          ELSE 'claimed' END)
-                         ELSE format('%s (misfire_grace %s)',
-                                     dispatch._missed_by(now() - coalesce(r.fire_at, r.scheduled_for)), s.misfire_grace)
-                    END
+            error = left(CASE
+                WHEN k.stopped IS NULL
+                THEN format('%s (misfire_grace %s)',
+                            dispatch._missed_by(now() - coalesce(r.fire_at, r.scheduled_for)), s.misfire_grace)
+                WHEN r.attempt = r.released THEN format('schedule %s before the run was claimed', k.stopped)
+                WHEN r.earlier_attempts -> -1 ->> 'status' = 'lost'
+                THEN format('schedule %s before the run was retried (an earlier attempt may have run)', k.stopped)
+                ELSE format('%s; not retried: schedule %s during the back-off', coalesce(r.error, 'failed'), k.stopped)
+                END, 500)
         FROM dispatch.schedules s
+        CROSS JOIN LATERAL (SELECT CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
+                                        WHEN s.paused_at IS NOT NULL THEN 'paused'
+                                        WHEN NOT s.enabled THEN 'disabled' END AS stopped) k
         WHERE r.id = ANY (ids) AND s.id = r.schedule_id
         RETURNING r
     )

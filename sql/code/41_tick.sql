@@ -45,7 +45,7 @@ BEGIN
             'attempt', r.attempt, 'status', 'lost', 'error', format('lease of %s expired', r.worker), 'at', clock)
     FROM dispatch.schedules s
     WHERE r.id = ANY (ids) AND s.id = r.schedule_id
-      AND r.attempt < s.max_attempts AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL;
+      AND r.attempt - r.released < s.max_attempts AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL;
     GET DIAGNOSTICS requeued = ROW_COUNT;
 
     -- Otherwise lost: the attempt may have been invoked, so never skipped.
@@ -53,7 +53,8 @@ BEGIN
         UPDATE dispatch.runs r
         SET status = 'lost', finished_at = clock,
             error = left(CASE WHEN s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL
-                              THEN format('lease of %s expired on attempt %s of %s', r.worker, r.attempt, s.max_attempts)
+                              THEN format('lease of %s expired on attempt %s of %s', r.worker, r.attempt - r.released,
+                                          s.max_attempts)
                               ELSE format('lease of %s expired on attempt %s after the schedule was %s: it may have run',
                                           r.worker, r.attempt,
                                           CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'

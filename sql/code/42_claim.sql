@@ -81,12 +81,33 @@ DECLARE
     stale_ids bigint[];
     more_stale bigint[];
 BEGIN
+    -- A running run must hold a finite lease that outlasts its call: with none, no expiry ever
+    -- selects it and its schedule is wedged; with one shorter than the call, the lease runs out
+    -- while the function is still being called and the run is invoked a second time.
+    IF claim_runs.worker IS NULL OR claim_runs.worker = '' THEN
+        RAISE EXCEPTION 'worker must name the claimer, not %', coalesce(quote_literal(claim_runs.worker), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF claim_runs.max_runs IS NULL OR claim_runs.max_runs < 0 THEN
+        RAISE EXCEPTION 'max_runs must be 0 or more, not %', coalesce(claim_runs.max_runs::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF claim_runs.default_timeout <= interval '0' OR claim_runs.default_timeout > interval '1 hour' THEN
+        RAISE EXCEPTION 'default_timeout must be more than 0 and at most 1 hour, not %', claim_runs.default_timeout
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'NULL when the schedules'' own timeouts (or none) apply.';
+    ELSIF claim_runs.lease IS NULL OR claim_runs.lease <= coalesce(claim_runs.default_timeout, interval '0')
+          OR claim_runs.lease > interval '1 day' THEN
+        RAISE EXCEPTION 'lease must be longer than default_timeout (%) and at most 1 day, not %',
+                        coalesce(claim_runs.default_timeout::text, 'NULL'), coalesce(claim_runs.lease::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A lease that ends while the function is being called lets another claim invoke the run again: give the timeout plus a margin (the listener uses timeout + 30 s).';
+    END IF;
+
     -- Two queues, each read oldest first: runs whose not_before is over (retries after their
     -- back-off, slots that waited for their jittered instant), then runs marked for their slot. A run another transaction holds is skipped, so concurrent claims never get the
     -- same run and never wait.
     --
     -- Some runs are not handed out. A retry that can no longer start before its schedule's
-    -- next slot ends error (late_ids). A run whose schedule stopped, or whose first attempt
+    -- next slot, or that max_attempts (lowered since) no longer allows, ends error (late_ids). A run whose schedule stopped, or whose first attempt
     -- cannot start within misfire_grace, ends skipped (stale_ids): the transaction that stopped
     -- a schedule ended every run it could see, this ends those that became pending behind its
     -- back (a release or a lease expiry racing it).
@@ -96,7 +117,9 @@ BEGIN
     FROM (SELECT r.id,
                  CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
                       WHEN dispatch._missed(r, s) THEN 'stale'
-                      WHEN r.kind = 'scheduled' AND r.attempt > 0
+                      -- a retry: max_attempts lowered during its back-off, or past the next slot
+                      WHEN r.attempt > r.released AND r.attempt - r.released >= s.max_attempts THEN 'late'
+                      WHEN r.kind = 'scheduled' AND r.attempt > r.released
                            AND now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
                       ELSE 'live' END AS state
           FROM dispatch.runs r
@@ -138,4 +161,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION dispatch.claim_runs(text, integer, interval, interval) IS
-    'Move up to max_runs pending runs of live schedules to running for worker and return what is needed to invoke them (fire_at: the instant the run fires at, its slot plus the schedule''s jitter offset): runs whose not_before is over first (retries, slots that waited for their jittered instant), then runs in slot order (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits). attempt is the fencing token to pass to complete_runs or release_runs. timeout is the invocation timeout to apply: the schedule''s, else default_timeout (the caller''s). lease_until is now + lease, plus the schedule''s timeout minus default_timeout when the schedule has its own: give lease = default_timeout plus a margin. Runs that must not start end instead: a retry past the next slot (error), a first attempt past misfire_grace, a run of a stopped schedule (skipped).';
+    'Move up to max_runs pending runs of live schedules to running for worker and return what is needed to invoke them (fire_at: the instant the run fires at, its slot plus the schedule''s jitter offset): runs whose not_before is over first (retries, slots that waited for their jittered instant), then runs in slot order (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits). attempt is the fencing token to pass to complete_runs or release_runs: each claim of a run gets a higher one, a claim handed back included. timeout is the invocation timeout to apply: the schedule''s, else default_timeout (the caller''s). lease_until is now + lease, plus the schedule''s timeout minus default_timeout when the schedule has its own: lease must be longer than default_timeout (at most 1 day; 22023 otherwise): give default_timeout plus a margin. Runs that must not start end instead: a retry past the next slot or beyond max_attempts (error), a first attempt past misfire_grace, a run of a stopped schedule (skipped).';

@@ -15,8 +15,9 @@ AS $$
                  s.retry_backoff_max)
 $$;
 
--- Retries that will not start before their schedule's next slot, claimed too late: they end
--- error (a retry never overtakes the next slot). Their schedules are locked without waiting.
+-- Retries that will not start before their schedule's next slot, claimed too late, or that
+-- max_attempts no longer allows (lowered during the back-off): they end error (a retry never
+-- overtakes the next slot, nor the limit an administrator set). Their schedules are locked without waiting.
 CREATE OR REPLACE FUNCTION dispatch._end_late_retries(run_ids bigint[])
 RETURNS integer
 LANGUAGE plpgsql
@@ -37,8 +38,11 @@ BEGIN
     ), late AS (
         UPDATE dispatch.runs r
         SET status = 'error', finished_at = now(), not_before = NULL,
-            error = left(coalesce(r.error, 'failed') || '; not retried: the next slot came first', 500)
-        FROM taken t WHERE r.id = t.id
+            error = left(coalesce(r.error, 'failed') || CASE
+                WHEN r.attempt - r.released >= s.max_attempts
+                THEN format('; not retried: max_attempts is now %s', s.max_attempts)
+                ELSE '; not retried: the next slot came first' END, 500)
+        FROM taken t, dispatch.schedules s WHERE r.id = t.id AND s.id = r.schedule_id
         RETURNING r
     )
     SELECT array_agg(l.r) INTO ended FROM late l;
@@ -95,6 +99,8 @@ DECLARE
     retried_ids bigint[];
     retried_at timestamptz[];
     too_late bigint[];
+    stopped_ids bigint[];
+    stopped_why text[];
     finished dispatch.runs[];
 BEGIN
     IF cardinality(complete_runs.attempts) IS DISTINCT FROM cardinality(complete_runs.run_ids)
@@ -122,11 +128,13 @@ BEGIN
     END IF;
 
     -- Retryable failures with attempts left go back to pending until their back-off is over,
-    -- unless the retry would start only after the schedule's next slot.
+    -- unless the retry would start only after the schedule's next slot, or the schedule stopped
+    -- while the attempt was out (a stopped schedule invokes nothing more; the outcome is final,
+    -- as it is for a retry that was waiting when the stop committed).
     IF true = ANY (complete_runs.retryable) THEN
         WITH candidate AS (
             SELECT x.id, x.attempt, i.error, i.http_status, i.duration_ms,
-                   clock + dispatch._retry_delay(s, x.attempt, i.retry_after_ms) AS at,
+                   clock + dispatch._retry_delay(s, x.attempt - x.released, i.retry_after_ms) AS at,
                    -- a backfill slot is old by definition: only a scheduled run's retry races
                    -- the next slot
                    CASE WHEN x.kind = 'scheduled'
@@ -137,7 +145,15 @@ BEGIN
                         complete_runs.http_statuses, complete_runs.durations_ms, complete_runs.retryable,
                         complete_runs.retry_after_ms)
                  AS i(id, status, error, http_status, duration_ms, retryable, retry_after_ms) ON i.id = x.id
-            WHERE x.id = ANY (taken) AND i.status = 'error' AND i.retryable AND x.attempt < s.max_attempts
+            WHERE x.id = ANY (taken) AND i.status = 'error' AND i.retryable
+              AND x.attempt - x.released < s.max_attempts
+        ), stopped AS (
+            SELECT x.id, CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
+                              WHEN s.paused_at IS NOT NULL THEN 'paused' ELSE 'disabled' END AS why
+            FROM candidate c
+            JOIN dispatch.runs x ON x.id = c.id
+            JOIN dispatch.schedules s ON s.id = x.schedule_id
+            WHERE NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
         ), retried AS (
             UPDATE dispatch.runs x
             SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL, not_before = c.at,
@@ -147,11 +163,14 @@ BEGIN
                     'httpStatus', c.http_status, 'durationMs', c.duration_ms, 'at', clock)
             FROM candidate c
             WHERE x.id = c.id AND (c.next_slot IS NULL OR c.at < c.next_slot)
+              AND c.id NOT IN (SELECT t.id FROM stopped t)
             RETURNING x.id, x.not_before
         )
         SELECT array_agg(r.id), array_agg(r.not_before),
-               (SELECT array_agg(c.id) FROM candidate c WHERE c.at >= c.next_slot)
-        INTO retried_ids, retried_at, too_late FROM retried r;
+               (SELECT array_agg(c.id) FROM candidate c WHERE c.at >= c.next_slot
+                  AND c.id NOT IN (SELECT t.id FROM stopped t)),
+               (SELECT array_agg(t.id) FROM stopped t), (SELECT array_agg(t.why) FROM stopped t)
+        INTO retried_ids, retried_at, too_late, stopped_ids, stopped_why FROM retried r;
         IF retried_ids IS NOT NULL THEN
             PERFORM pg_notify('dispatch', 'schedules');  -- listeners' clocks wake for the retry
         END IF;
@@ -162,6 +181,9 @@ BEGIN
         SET status = i.status,
             finished_at = now(),
             error = left(CASE WHEN x.id = ANY (too_late) THEN i.error || '; not retried: the next slot comes first'
+                              WHEN x.id = ANY (stopped_ids)
+                              THEN format('%s; not retried: schedule %s', i.error,
+                                          stopped_why[array_position(stopped_ids, x.id)])
                               ELSE i.error END, 500),
             http_status = i.http_status,
             duration_ms = i.duration_ms

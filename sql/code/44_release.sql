@@ -24,8 +24,11 @@ BEGIN
           FOR UPDATE OF x SKIP LOCKED) l;
 
     UPDATE dispatch.runs x
+    -- The attempt stays: it is the fencing token, and the next claim must get a higher one than
+    -- this claim had (invariant 7). released says that this claim invoked nothing, so it counts
+    -- toward neither max_attempts nor misfire_grace's "first attempt".
     SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
-        attempt = x.attempt - 1
+        released = x.released + 1
     WHERE x.id = ANY (taken);
     GET DIAGNOSTICS released = ROW_COUNT;
     IF released > 0 THEN
@@ -37,4 +40,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION dispatch.release_runs(text, bigint[], integer[]) IS
-    'Hand runs that were claimed but never invoked back to pending, giving back the attempt; only runs still running with the attempt given (worker is informational). A run whose schedule has stopped ends skipped instead. Returns how many were handed back. Used by a listener that shuts down.';
+    'Hand runs that were claimed but never invoked back to pending (counted in released: the claim uses up no attempt of max_attempts, and the next claim gets a higher attempt, a fencing token no earlier claim had); only runs still running with the attempt given (worker is informational). A run whose schedule has stopped ends skipped instead. Returns how many were handed back. Used by a listener that shuts down.';
