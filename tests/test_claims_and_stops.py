@@ -81,7 +81,8 @@ def test_a_released_claim_uses_up_no_attempt(db: psycopg.Connection) -> None:
 
 BAD_CLAIMS = [
     ("NULL", "NULL", "lease must be longer than default_timeout (NULL) and at most 1 day, not NULL"),
-    ("'-5 seconds'", "NULL", "lease must be longer than default_timeout (NULL) and at most 1 day, not -00:00:05"),
+    ("'-5 seconds'", "NULL",
+     "lease must be longer than default_timeout (NULL) and at most 1 day, not -00:00:05"),
     ("'10 seconds'", "'30 seconds'",
      "lease must be longer than default_timeout (00:00:30) and at most 1 day, not 00:00:10"),
     ("'30 seconds'", "'30 seconds'",
@@ -105,9 +106,9 @@ def test_a_claim_without_a_lease_that_outlasts_the_call_is_refused_naming_it(
 
 
 def test_the_other_arguments_of_a_claim_are_refused_naming_them(db: psycopg.Connection) -> None:
-    with pytest.raises(errors.InvalidParameterValue, match="^worker must name the claimer, not NULL"):
+    with pytest.raises(errors.InvalidParameterValue, match=r"^worker must name the claimer, not NULL"):
         db.execute("SELECT * FROM dispatch.claim_runs(NULL, 10)")
-    with pytest.raises(errors.InvalidParameterValue, match="^max_runs must be 0 or more, not -1"):
+    with pytest.raises(errors.InvalidParameterValue, match=r"^max_runs must be 0 or more, not -1"):
         db.execute("SELECT * FROM dispatch.claim_runs('w', -1)")
 
 
@@ -206,6 +207,7 @@ def test_lowering_max_attempts_during_the_back_off_ends_the_retry(db: psycopg.Co
     db.execute("UPDATE dispatch.runs SET not_before = now() WHERE id = %s", (run[0],))  # the back-off passes
     assert claim(db, "w") == []
     row = run_row(db, run[0])
-    assert (row["status"], row["error"]) == ("error", "HTTP 503: vendor down; not retried: max_attempts is now 1")
+    assert (row["status"], row["error"]) == (
+        "error", "HTTP 503: vendor down; not retried: max_attempts is now 1")
     [(action, metadata)] = audit_of(db, run[0])
     assert action == "schedule.run.error" and len(metadata["attempts"]) == 1

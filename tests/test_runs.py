@@ -164,7 +164,7 @@ def test_claim_returns_what_an_invocation_needs_oldest_first(db: psycopg.Connect
     assert run[7] == 1
     lease = scalar(db, "SELECT lease_until - claimed_at FROM dispatch.runs WHERE id = %s", (run[0],))
     assert lease.total_seconds() == 45
-    with pytest.raises(errors.InvalidParameterValue, match="^lease must be longer than default_timeout"):
+    with pytest.raises(errors.InvalidParameterValue, match=r"^lease must be longer than default_timeout"):
         claim(db, "w", 1, "0 seconds")
 
 
