@@ -573,9 +573,6 @@ BEGIN
     ELSIF s.jitter IS NULL OR s.jitter < interval '0' OR s.jitter > interval '1 day' THEN
         problem := format('jitter must be between 0 and 1 day, not %s', coalesce(s.jitter::text, 'NULL'));
         hint := 'Each slot fires at a fixed offset in [0, jitter) after it; 0 fires on the slot.';
-    ELSIF s.every IS NOT NULL AND s.jitter > s.every THEN
-        problem := format('jitter (%s) must not exceed every (%s)', s.jitter, s.every);
-        hint := 'A slot would fire after the next one is due.';
     END IF;
     IF hint IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
@@ -1501,7 +1498,15 @@ BEGIN
                            ELSE 'cron_expression and every exclude each other: set one of them' END,
             HINT = 'cron_expression for wall-clock slots (''*/5 * * * *''), every for slots a fixed time apart (''30 seconds'', from anchor).';
     END IF;
-    -- anchor belongs to an interval: it defaults to the creation time, and goes with every.
+    -- anchor belongs to an interval: it defaults to the creation time, and goes with every. One
+    -- given for a cron expression would be dropped without a word: refused.
+    IF NEW.every IS NULL AND NEW.anchor IS NOT NULL
+       AND (TG_OP = 'INSERT' OR NEW.anchor IS DISTINCT FROM OLD.anchor) THEN
+        RAISE EXCEPTION 'anchor applies to an interval schedule (every), not to cron_expression %',
+                        quote_literal(NEW.cron_expression)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A cron expression''s slots are wall-clock times; leave anchor NULL.';
+    END IF;
     NEW.anchor := CASE WHEN NEW.every IS NOT NULL THEN coalesce(NEW.anchor, NEW.created_at, now()) END;
     -- cron_spec is derived: whatever a statement wrote there, it is the parsed expression (or
     -- interval). An unchanged expression and zone are not validated again, so that a schedule
@@ -1516,6 +1521,15 @@ BEGIN
         PERFORM dispatch.check_timezone(NEW.timezone);
     END IF;
     PERFORM dispatch._check_policies(NEW);
+    -- One jitter rule for both kinds of slots: a slot never fires after the next one is due.
+    IF NEW.jitter > interval '0'
+       AND (TG_OP = 'INSERT' OR NEW.jitter IS DISTINCT FROM OLD.jitter OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec)
+       AND NEW.jitter > dispatch._slot_spacing(NEW.cron_spec) THEN
+        RAISE EXCEPTION 'jitter (%) must not exceed the shortest time between two slots (%)',
+                        NEW.jitter, dispatch._slot_spacing(NEW.cron_spec)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Each slot fires at a fixed offset in [0, jitter) after it: a longer jitter would fire a slot after the next one is due.';
+    END IF;
 
     live := NEW.enabled AND NEW.deleted_at IS NULL AND NEW.paused_at IS NULL;
     IF NOT live THEN
@@ -1702,6 +1716,31 @@ BEGIN
     WHERE id = s.id;
     RETURN last;
 END
+$$;
+
+
+--
+-- Name: _slot_spacing(dispatch.cron_spec); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._slot_spacing(spec dispatch.cron_spec) RETURNS interval
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    WITH m AS (SELECT array_agg(i ORDER BY i) AS v FROM generate_series(0, 59) i
+               WHERE (spec).minutes & (1::bigint << i) <> 0),
+         h AS (SELECT array_agg(i ORDER BY i) AS v FROM generate_series(0, 23) i
+               WHERE (spec).hours & (1 << i) <> 0)
+    SELECT CASE WHEN (spec).every_us IS NOT NULL THEN (spec).every_us * interval '1 microsecond'
+           ELSE least(interval '1 day',
+                      (SELECT min(m.v[k + 1] - m.v[k]) FROM generate_subscripts(m.v, 1) k
+                       WHERE k < cardinality(m.v)) * interval '1 minute',
+                      ((SELECT min(h.v[k + 1] - h.v[k]) FROM generate_subscripts(h.v, 1) k
+                        WHERE k < cardinality(h.v)) * 60 - (m.v[cardinality(m.v)] - m.v[1])) * interval '1 minute',
+                      ((24 - h.v[cardinality(h.v)] + h.v[1]) * 60 - (m.v[cardinality(m.v)] - m.v[1]))
+                          * interval '1 minute')
+           END
+    FROM m, h
 $$;
 
 
@@ -1963,7 +2002,14 @@ DECLARE
     slots timestamptz[];
     marked integer;
 BEGIN
-    IF from_ts IS NULL OR to_ts IS NULL OR from_ts >= to_ts THEN
+    IF from_ts IS NULL OR NOT isfinite(from_ts) THEN
+        RAISE EXCEPTION 'cannot backfill: from_ts must be a finite instant, not %', coalesce(from_ts::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF to_ts IS NULL OR NOT isfinite(to_ts) THEN
+        RAISE EXCEPTION 'cannot backfill: to_ts must be a finite instant, not %', coalesce(to_ts::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'now() backfills up to the schedule''s next slot.';
+    ELSIF from_ts >= to_ts THEN
         RAISE EXCEPTION 'cannot backfill: from_ts (%) must be before to_ts (%)', from_ts, to_ts
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -2002,7 +2048,7 @@ $$;
 -- Name: FUNCTION backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone) IS 'Mark each slot of the schedule in [from_ts, to_ts) that has no run yet as a run of kind backfill (at most 10,000 a call, a NOTICE says where to go on), before the schedule''s next slot and now; returns how many. They are dispatched one at a time, oldest first, whenever nothing else of the schedule is open: its own slots go first and wait for one backfill run at most. Refused: 22023 when from_ts is not before to_ts, 55000 for a deleted, paused or disabled schedule, P0002 for an unknown id. Audited as schedule.backfill with the actor (session_user).';
+COMMENT ON FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone) IS 'Mark each slot of the schedule in [from_ts, to_ts) that has no run yet as a run of kind backfill (at most 10,000 a call, a NOTICE says where to go on), before the schedule''s next slot and now; returns how many. They are dispatched one at a time, oldest first, whenever nothing else of the schedule is open: its own slots go first and wait for one backfill run at most. Refused: 22023 when from_ts or to_ts is not a finite instant or from_ts is not before to_ts, 55000 for a deleted, paused or disabled schedule, P0002 for an unknown id. Audited as schedule.backfill with the actor (session_user).';
 
 
 --
@@ -3190,16 +3236,31 @@ CREATE FUNCTION dispatch.tick(now timestamp with time zone DEFAULT now()) RETURN
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+    owner boolean;
 BEGIN
-    -- Marking ahead of the clock fires schedules early: for tests and backfills by an
-    -- administrator, never for a listener (invariant 5).
-    IF tick.now > clock_timestamp()
-       AND NOT pg_has_role(session_user, 'dispatch_admin', 'MEMBER')
-       AND NOT pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'dispatch'),
-                           'MEMBER') THEN
-        RAISE EXCEPTION 'dispatch.tick(%) marks ahead of the database''s clock, which only dispatch_admin may do', tick.now
-            USING ERRCODE = 'insufficient_privilege',
+    IF tick.now IS NULL OR NOT isfinite(tick.now) THEN
+        RAISE EXCEPTION 'now must be a finite instant, not %', coalesce(tick.now::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Call dispatch.tick() without an argument: it marks what is due now.';
+    END IF;
+    -- Marking ahead of the clock fires schedules early: for tests and backfills by an
+    -- administrator, never for a listener (invariant 5). A slot marked ahead is a finished slot
+    -- that the schedule never goes back to (invariant 2), so each slot up to the horizon is
+    -- gone: an administrator may reach an hour ahead, only the schema's owner (tests) further.
+    IF tick.now > clock_timestamp() THEN
+        owner := pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'dispatch'),
+                             'MEMBER');
+        IF NOT owner AND NOT pg_has_role(session_user, 'dispatch_admin', 'MEMBER') THEN
+            RAISE EXCEPTION 'dispatch.tick(%) marks ahead of the database''s clock, which only dispatch_admin may do', tick.now
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Call dispatch.tick() without an argument: it marks what is due now.';
+        ELSIF NOT owner AND tick.now > clock_timestamp() + interval '1 hour' THEN
+            RAISE EXCEPTION 'dispatch.tick(%) marks more than an hour ahead of the database''s clock', tick.now
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = 'Each schedule would run its latest slot up to then now, and none before it again: a schedule marked a year ahead stops for a year.',
+                      HINT = 'dispatch.run_now() runs a schedule now; dispatch.backfill() runs past slots.';
+        END IF;
     END IF;
     RETURN (dispatch._mark_due(tick.now, NULL)).marked;
 END
@@ -3210,7 +3271,7 @@ $$;
 -- Name: FUNCTION tick(now timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.tick(now timestamp with time zone) IS 'Expire leases by the real clock, then mark every live schedule due at or before "now" as a pending run (idempotent per slot), following its run policies: slots missed beyond misfire_grace end skipped, catchup latest or all, overlap skip, buffer_one or allow. Also moves a schedule found on a finished slot past it and records a skipped run for each back-off instant reached. NOTIFY dispatch when there is work. Returns how many runs it marked. Never waits on a row another transaction holds. A "now" ahead of the clock needs dispatch_admin. Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
+COMMENT ON FUNCTION dispatch.tick(now timestamp with time zone) IS 'Expire leases by the real clock, then mark every live schedule due at or before "now" as a pending run (idempotent per slot), following its run policies: slots missed beyond misfire_grace end skipped, catchup latest or all, overlap skip, buffer_one or allow. Also moves a schedule found on a finished slot past it and records a skipped run for each back-off instant reached. NOTIFY dispatch when there is work. Returns how many runs it marked. Never waits on a row another transaction holds. A "now" ahead of the clock needs dispatch_admin, and at most an hour ahead (the schema owner any); a non-finite one is refused (22023). Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
 
 
 --
@@ -4113,6 +4174,13 @@ REVOKE ALL ON FUNCTION dispatch._settle_runs(finished dispatch.runs[]) FROM PUBL
 --
 
 REVOKE ALL ON FUNCTION dispatch._skip_missed(s dispatch.schedules, from_slot timestamp with time zone, cut timestamp with time zone, horizon timestamp with time zone) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _slot_spacing(spec dispatch.cron_spec); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._slot_spacing(spec dispatch.cron_spec) FROM PUBLIC;
 
 
 --

@@ -403,7 +403,41 @@ def test_the_listener_role_cannot_mark_ahead_of_the_clock(
     assert scalar(listener, "SELECT dispatch.tick(now())") == 0
     assert scalar(db, "SELECT count(*) FROM dispatch.runs") == 0
     admin = login("dispatch_admin")
-    assert scalar(admin, "SELECT dispatch.tick(now() + interval '400 days')") == 1  # a backfill
+    # an administrator may mark up to an hour ahead; a year ahead would stop the schedule a year
+    with pytest.raises(errors.InvalidParameterValue, match="marks more than an hour ahead"):
+        admin.execute("SELECT dispatch.tick(now() + interval '400 days')")
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs") == 0
+    hourly = add_schedule(db, "0 * * * *")
+    assert scalar(admin, "SELECT dispatch.tick(now() + interval '59 minutes 59 seconds')") == 1
+    assert scalar(db, "SELECT next_run_at <= now() + interval '1 hour' FROM dispatch.schedules WHERE id = %s",
+                  (hourly,))
+
+
+@pytest.mark.parametrize("horizon", ["infinity", "-infinity"])
+def test_a_horizon_that_is_not_an_instant_is_refused_and_backs_nothing_off(
+    db: psycopg.Connection, horizon: str
+) -> None:
+    sid = add_schedule(db)
+    before = scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (sid,))
+    with pytest.raises(errors.InvalidParameterValue, match=f"^now must be a finite instant, not {horizon}"):
+        db.execute("SELECT dispatch.tick(%s::timestamptz)", (horizon,))
+    row = db.execute("SELECT next_run_at, backoff_reason FROM dispatch.schedules WHERE id = %s",
+                     (sid,)).fetchone()
+    assert row == (before, None)
+
+
+@pytest.mark.parametrize(("from_ts", "to_ts", "message"), [
+    ("'-infinity'", "now()", "cannot backfill: from_ts must be a finite instant, not -infinity"),
+    ("now() - interval '1 hour'", "'infinity'", "cannot backfill: to_ts must be a finite instant, not infinity"),
+])
+def test_a_backfill_between_non_instants_is_refused_naming_the_argument(
+    db: psycopg.Connection, from_ts: str, to_ts: str, message: str
+) -> None:
+    sid = add_schedule(db)
+    with pytest.raises(errors.InvalidParameterValue) as refused:
+        db.execute(f"SELECT dispatch.backfill(%s, {from_ts}, {to_ts})", (sid,))
+    assert str(refused.value).splitlines()[0] == message
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs") == 0
 
 
 @pytest.mark.parametrize("column_value", [

@@ -81,7 +81,20 @@ def test_the_anchor_defaults_to_the_creation_time_and_goes_with_every(db: psycop
         ({"every": "999 milliseconds"}, "every must be at least 1 second"),
         ({"every": "1 mon"}, r"every must be a fixed length \(seconds, minutes, hours, days\), not 1 mon"),
         ({"every": "10 seconds", "jitter": "11 seconds"},
-         r"jitter \(00:00:11\) must not exceed every \(00:00:10\)"),
+         r"jitter \(00:00:11\) must not exceed the shortest time between two slots \(00:00:10\)"),
+        # one rule for both kinds: a cron slot never fires after the next one either
+        ({"cron_expression": "* * * * *", "jitter": "1 day"},
+         r"jitter \(1 day\) must not exceed the shortest time between two slots \(00:01:00\)"),
+        ({"cron_expression": "0,10 9-17 * * *", "jitter": "11 minutes"},
+         r"jitter \(00:11:00\) must not exceed the shortest time between two slots \(00:10:00\)"),
+        ({"cron_expression": "50 9,10 * * *", "jitter": "61 minutes"},
+         r"must not exceed the shortest time between two slots \(01:00:00\)"),
+        ({"cron_expression": "5,55 * * * *", "jitter": "11 minutes"},
+         r"must not exceed the shortest time between two slots \(00:10:00\)"),  # 9:55 -> 10:05
+        ({"cron_expression": "0 23,1 * * *", "jitter": "3 hours"},
+         r"must not exceed the shortest time between two slots \(02:00:00\)"),  # across midnight
+        ({"cron_expression": "0 * * * *", "anchor": "2026-01-01"},
+         "anchor applies to an interval schedule \\(every\\), not to cron_expression '0 \\* \\* \\* \\*'"),
         ({"cron_expression": "0 * * * *", "jitter": "-1 second"}, "jitter must be between 0 and 1 day"),
         ({"cron_expression": "0 * * * *", "jitter": "25 hours"}, "jitter must be between 0 and 1 day"),
     ],
@@ -93,6 +106,21 @@ def test_bad_slot_rules_are_refused_naming_the_fields(
     with pytest.raises(errors.InvalidParameterValue, match=message):
         db.execute(f"INSERT INTO dispatch.schedules ({', '.join(names)})"
                    f" VALUES ({', '.join(['%s'] * len(names))})", ["p", "fn", *columns.values()])
+
+
+def test_a_jitter_up_to_the_shortest_time_between_slots_is_accepted(db: psycopg.Connection) -> None:
+    for expr, jitter in [("0 * * * *", "1 hour"), ("30 9 * * *", "1 day"), ("*/15 * * * *", "15 minutes")]:
+        db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, jitter)"
+                   " VALUES ('p', 'fn', %s, %s)", (expr, jitter))
+    sid = add_interval(db, "10 minutes", jitter="10 minutes")
+    # an edit that shortens the slots below the jitter is refused like an insert
+    with pytest.raises(errors.InvalidParameterValue, match="must not exceed the shortest time between two slots"):
+        db.execute("UPDATE dispatch.schedules SET every = NULL, cron_expression = '*/5 * * * *' WHERE id = %s",
+                   (sid,))
+    # leaving an interval for a cron expression drops the anchor that went with it, without a word
+    db.execute("UPDATE dispatch.schedules SET every = NULL, cron_expression = '*/10 * * * *' WHERE id = %s",
+               (sid,))
+    assert scalar(db, "SELECT anchor FROM dispatch.schedules WHERE id = %s", (sid,)) is None
 
 
 def test_tick_marks_the_latest_interval_slot_after_a_gap(db: psycopg.Connection) -> None:

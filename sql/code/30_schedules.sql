@@ -46,9 +46,6 @@ BEGIN
     ELSIF s.jitter IS NULL OR s.jitter < interval '0' OR s.jitter > interval '1 day' THEN
         problem := format('jitter must be between 0 and 1 day, not %s', coalesce(s.jitter::text, 'NULL'));
         hint := 'Each slot fires at a fixed offset in [0, jitter) after it; 0 fires on the slot.';
-    ELSIF s.every IS NOT NULL AND s.jitter > s.every THEN
-        problem := format('jitter (%s) must not exceed every (%s)', s.jitter, s.every);
-        hint := 'A slot would fire after the next one is due.';
     END IF;
     IF hint IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
@@ -56,6 +53,33 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
     END IF;
 END
+$$;
+
+-- The shortest time between two consecutive slots of a rule, by the wall clock: the interval of
+-- an interval schedule; for a cron expression, from its minute and hour sets (two minutes of an
+-- hour, the last minute of one matching hour and the first of the next, across midnight), at
+-- most a day. What a jitter may not exceed, so that no slot fires after the next one is due. For
+-- an expression whose matching days are never consecutive it can be shorter than the real one:
+-- the jitter it allows is then smaller than it could be, never larger.
+CREATE OR REPLACE FUNCTION dispatch._slot_spacing(spec dispatch.cron_spec)
+RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH m AS (SELECT array_agg(i ORDER BY i) AS v FROM generate_series(0, 59) i
+               WHERE (spec).minutes & (1::bigint << i) <> 0),
+         h AS (SELECT array_agg(i ORDER BY i) AS v FROM generate_series(0, 23) i
+               WHERE (spec).hours & (1 << i) <> 0)
+    SELECT CASE WHEN (spec).every_us IS NOT NULL THEN (spec).every_us * interval '1 microsecond'
+           ELSE least(interval '1 day',
+                      (SELECT min(m.v[k + 1] - m.v[k]) FROM generate_subscripts(m.v, 1) k
+                       WHERE k < cardinality(m.v)) * interval '1 minute',
+                      ((SELECT min(h.v[k + 1] - h.v[k]) FROM generate_subscripts(h.v, 1) k
+                        WHERE k < cardinality(h.v)) * 60 - (m.v[cardinality(m.v)] - m.v[1])) * interval '1 minute',
+                      ((24 - h.v[cardinality(h.v)] + h.v[1]) * 60 - (m.v[cardinality(m.v)] - m.v[1]))
+                          * interval '1 minute')
+           END
+    FROM m, h
 $$;
 
 CREATE OR REPLACE FUNCTION dispatch._schedule_before_write()
@@ -104,7 +128,15 @@ BEGIN
                            ELSE 'cron_expression and every exclude each other: set one of them' END,
             HINT = 'cron_expression for wall-clock slots (''*/5 * * * *''), every for slots a fixed time apart (''30 seconds'', from anchor).';
     END IF;
-    -- anchor belongs to an interval: it defaults to the creation time, and goes with every.
+    -- anchor belongs to an interval: it defaults to the creation time, and goes with every. One
+    -- given for a cron expression would be dropped without a word: refused.
+    IF NEW.every IS NULL AND NEW.anchor IS NOT NULL
+       AND (TG_OP = 'INSERT' OR NEW.anchor IS DISTINCT FROM OLD.anchor) THEN
+        RAISE EXCEPTION 'anchor applies to an interval schedule (every), not to cron_expression %',
+                        quote_literal(NEW.cron_expression)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A cron expression''s slots are wall-clock times; leave anchor NULL.';
+    END IF;
     NEW.anchor := CASE WHEN NEW.every IS NOT NULL THEN coalesce(NEW.anchor, NEW.created_at, now()) END;
     -- cron_spec is derived: whatever a statement wrote there, it is the parsed expression (or
     -- interval). An unchanged expression and zone are not validated again, so that a schedule
@@ -119,6 +151,15 @@ BEGIN
         PERFORM dispatch.check_timezone(NEW.timezone);
     END IF;
     PERFORM dispatch._check_policies(NEW);
+    -- One jitter rule for both kinds of slots: a slot never fires after the next one is due.
+    IF NEW.jitter > interval '0'
+       AND (TG_OP = 'INSERT' OR NEW.jitter IS DISTINCT FROM OLD.jitter OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec)
+       AND NEW.jitter > dispatch._slot_spacing(NEW.cron_spec) THEN
+        RAISE EXCEPTION 'jitter (%) must not exceed the shortest time between two slots (%)',
+                        NEW.jitter, dispatch._slot_spacing(NEW.cron_spec)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Each slot fires at a fixed offset in [0, jitter) after it: a longer jitter would fire a slot after the next one is due.';
+    END IF;
 
     live := NEW.enabled AND NEW.deleted_at IS NULL AND NEW.paused_at IS NULL;
     IF NOT live THEN

@@ -411,22 +411,37 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    owner boolean;
 BEGIN
-    -- Marking ahead of the clock fires schedules early: for tests and backfills by an
-    -- administrator, never for a listener (invariant 5).
-    IF tick.now > clock_timestamp()
-       AND NOT pg_has_role(session_user, 'dispatch_admin', 'MEMBER')
-       AND NOT pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'dispatch'),
-                           'MEMBER') THEN
-        RAISE EXCEPTION 'dispatch.tick(%) marks ahead of the database''s clock, which only dispatch_admin may do', tick.now
-            USING ERRCODE = 'insufficient_privilege',
+    IF tick.now IS NULL OR NOT isfinite(tick.now) THEN
+        RAISE EXCEPTION 'now must be a finite instant, not %', coalesce(tick.now::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Call dispatch.tick() without an argument: it marks what is due now.';
+    END IF;
+    -- Marking ahead of the clock fires schedules early: for tests and backfills by an
+    -- administrator, never for a listener (invariant 5). A slot marked ahead is a finished slot
+    -- that the schedule never goes back to (invariant 2), so each slot up to the horizon is
+    -- gone: an administrator may reach an hour ahead, only the schema's owner (tests) further.
+    IF tick.now > clock_timestamp() THEN
+        owner := pg_has_role(session_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'dispatch'),
+                             'MEMBER');
+        IF NOT owner AND NOT pg_has_role(session_user, 'dispatch_admin', 'MEMBER') THEN
+            RAISE EXCEPTION 'dispatch.tick(%) marks ahead of the database''s clock, which only dispatch_admin may do', tick.now
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Call dispatch.tick() without an argument: it marks what is due now.';
+        ELSIF NOT owner AND tick.now > clock_timestamp() + interval '1 hour' THEN
+            RAISE EXCEPTION 'dispatch.tick(%) marks more than an hour ahead of the database''s clock', tick.now
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = 'Each schedule would run its latest slot up to then now, and none before it again: a schedule marked a year ahead stops for a year.',
+                      HINT = 'dispatch.run_now() runs a schedule now; dispatch.backfill() runs past slots.';
+        END IF;
     END IF;
     RETURN (dispatch._mark_due(tick.now, NULL)).marked;
 END
 $$;
 COMMENT ON FUNCTION dispatch.tick(timestamptz) IS
-    'Expire leases by the real clock, then mark every live schedule due at or before "now" as a pending run (idempotent per slot), following its run policies: slots missed beyond misfire_grace end skipped, catchup latest or all, overlap skip, buffer_one or allow. Also moves a schedule found on a finished slot past it and records a skipped run for each back-off instant reached. NOTIFY dispatch when there is work. Returns how many runs it marked. Never waits on a row another transaction holds. A "now" ahead of the clock needs dispatch_admin. Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
+    'Expire leases by the real clock, then mark every live schedule due at or before "now" as a pending run (idempotent per slot), following its run policies: slots missed beyond misfire_grace end skipped, catchup latest or all, overlap skip, buffer_one or allow. Also moves a schedule found on a finished slot past it and records a skipped run for each back-off instant reached. NOTIFY dispatch when there is work. Returns how many runs it marked. Never waits on a row another transaction holds. A "now" ahead of the clock needs dispatch_admin, and at most an hour ahead (the schema owner any); a non-finite one is refused (22023). Run every minute by the pg_cron job dispatch-tick and by listeners when a slot comes due.';
 
 CREATE OR REPLACE FUNCTION dispatch.tick_chunk(max_runs integer, OUT marked integer, OUT taken integer)
 LANGUAGE plpgsql

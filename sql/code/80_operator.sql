@@ -143,7 +143,14 @@ DECLARE
     slots timestamptz[];
     marked integer;
 BEGIN
-    IF from_ts IS NULL OR to_ts IS NULL OR from_ts >= to_ts THEN
+    IF from_ts IS NULL OR NOT isfinite(from_ts) THEN
+        RAISE EXCEPTION 'cannot backfill: from_ts must be a finite instant, not %', coalesce(from_ts::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF to_ts IS NULL OR NOT isfinite(to_ts) THEN
+        RAISE EXCEPTION 'cannot backfill: to_ts must be a finite instant, not %', coalesce(to_ts::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'now() backfills up to the schedule''s next slot.';
+    ELSIF from_ts >= to_ts THEN
         RAISE EXCEPTION 'cannot backfill: from_ts (%) must be before to_ts (%)', from_ts, to_ts
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -177,4 +184,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION dispatch.backfill(uuid, timestamptz, timestamptz) IS
-    'Mark each slot of the schedule in [from_ts, to_ts) that has no run yet as a run of kind backfill (at most 10,000 a call, a NOTICE says where to go on), before the schedule''s next slot and now; returns how many. They are dispatched one at a time, oldest first, whenever nothing else of the schedule is open: its own slots go first and wait for one backfill run at most. Refused: 22023 when from_ts is not before to_ts, 55000 for a deleted, paused or disabled schedule, P0002 for an unknown id. Audited as schedule.backfill with the actor (session_user).';
+    'Mark each slot of the schedule in [from_ts, to_ts) that has no run yet as a run of kind backfill (at most 10,000 a call, a NOTICE says where to go on), before the schedule''s next slot and now; returns how many. They are dispatched one at a time, oldest first, whenever nothing else of the schedule is open: its own slots go first and wait for one backfill run at most. Refused: 22023 when from_ts or to_ts is not a finite instant or from_ts is not before to_ts, 55000 for a deleted, paused or disabled schedule, P0002 for an unknown id. Audited as schedule.backfill with the actor (session_user).';
