@@ -428,7 +428,8 @@ def test_a_horizon_that_is_not_an_instant_is_refused_and_backs_nothing_off(
 
 @pytest.mark.parametrize(("from_ts", "to_ts", "message"), [
     ("'-infinity'", "now()", "cannot backfill: from_ts must be a finite instant, not -infinity"),
-    ("now() - interval '1 hour'", "'infinity'", "cannot backfill: to_ts must be a finite instant, not infinity"),
+    ("now() - interval '1 hour'", "'infinity'",
+     "cannot backfill: to_ts must be a finite instant, not infinity"),
 ])
 def test_a_backfill_between_non_instants_is_refused_naming_the_argument(
     db: psycopg.Connection, from_ts: str, to_ts: str, message: str
