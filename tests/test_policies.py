@@ -461,3 +461,25 @@ def test_leaving_buffer_one_releases_or_ends_the_buffered_run(db: psycopg.Connec
     assert rows == {sids[0]: "pending", sids[1]: "skipped"}
     assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE not_before IS NOT NULL") == 0
     assert [r[6] for r in claim(db, "w")] == [s0 + timedelta(minutes=1)]
+
+
+@pytest.mark.parametrize("released_by", ["the open run ending", "leaving buffer_one"])
+def test_a_buffered_run_fires_no_earlier_than_its_jittered_instant(
+    db: psycopg.Connection, released_by: str
+) -> None:
+    """buffer_one with jitter: the run waiting behind the open one is let go at its fire_at, not
+    at once (it was claimed up to a jitter early)."""
+    sid = add_schedule(db, "0 * * * *", overlap="buffer_one", jitter="30 minutes")
+    s1 = scalar(db, "SELECT next_run_at FROM dispatch.schedules")
+    db.execute("SELECT dispatch.tick(%s)", (s1 + timedelta(minutes=31),))
+    [first] = claim(db, "w")
+    db.execute("SELECT dispatch.tick(%s)", (s1 + timedelta(minutes=91),))  # s2 comes due: it waits
+    s2, fire_at = db.execute("SELECT scheduled_for, fire_at FROM dispatch.runs"
+                             " WHERE not_before = 'infinity'").fetchone()  # type: ignore[misc]
+    assert s2 == s1 + HOUR and fire_at > s2
+    if released_by == "the open run ending":
+        complete(db, first)
+    else:
+        db.execute("UPDATE dispatch.schedules SET overlap = 'allow' WHERE id = %s", (sid,))
+    assert scalar(db, "SELECT not_before FROM dispatch.runs WHERE scheduled_for = %s", (s2,)) == fire_at
+    assert [r[6] for r in claim(db, "w")] == []  # not before its instant

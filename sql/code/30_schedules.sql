@@ -250,7 +250,8 @@ DECLARE
     ended dispatch.runs[];
 BEGIN
     IF NEW.overlap = 'allow' THEN
-        UPDATE dispatch.runs SET not_before = NULL
+        -- at its jittered instant if that is still ahead
+        UPDATE dispatch.runs SET not_before = CASE WHEN fire_at > clock_timestamp() THEN fire_at END
         WHERE schedule_id = NEW.id AND status = 'pending' AND not_before = 'infinity' AND kind <> 'backfill';
         IF FOUND THEN
             PERFORM pg_notify('dispatch', 'released');
