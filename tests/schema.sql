@@ -1035,11 +1035,13 @@ DECLARE
     ready integer;
     sid uuid;
 BEGIN
-    -- The waiting run starts. The slots that came due while it waited (the buffer was full) are
+    -- The waiting run starts, at its jittered instant if that is still ahead (a slot never fires
+    -- before its fire_at; one marked ahead of the clock by tick(horizon) without a jitter was
+    -- made due by whoever marked it). The slots that came due while it waited (the buffer was full) are
     -- dropped under catchup latest: the schedule moves on to the first slot after the clock.
     WITH released AS (
         UPDATE dispatch.runs r
-        SET not_before = NULL
+        SET not_before = CASE WHEN r.fire_at > r.scheduled_for AND r.fire_at > clock THEN r.fire_at END
         WHERE r.schedule_id = ANY (_follow_up.schedule_ids) AND r.status = 'pending' AND r.not_before = 'infinity'
           AND r.kind <> 'backfill'
           AND NOT EXISTS (SELECT 1 FROM dispatch.runs o
@@ -1106,10 +1108,13 @@ CREATE FUNCTION dispatch._mark_due(horizon timestamp with time zone, max_runs in
     AS $$
 DECLARE
     requeued integer := 0;
+    plain_ids uuid[];
     by_policy uuid[];
+    changed_since uuid[];
     sid uuid;
     moved boolean := false;
 BEGIN
+    PERFORM dispatch._require_read_committed('dispatch.tick');
     -- Statistics that say runs is all but empty while it holds tens of thousands: what an
     -- autovacuum leaves when it ran while a chunk of runs was being inserted (it counts none of
     -- them). Every plan made then takes runs for a row or two, and the marking's probes of it
@@ -1127,6 +1132,14 @@ BEGIN
     -- Due schedules, each locked or left to the tick that holds it. A schedule whose run is open
     -- is not even locked when its overlap policy has nothing to add (skip; buffer_one with its
     -- buffer full).
+    --
+    -- Two statements: the first locks, the second decides. What the first reads of runs comes
+    -- from a snapshot taken before it locked, and a tick that held a schedule until it committed
+    -- (it marked a run; the schedule row stays as it was) can have released it in between: the
+    -- first statement then takes the schedule for one with no open run. The second statement's
+    -- snapshot is taken after every lock was granted, so it sees the run of whoever held the
+    -- schedule before, and the check and the insert are one decision under the lock. (A tick
+    -- at REPEATABLE READ keeps its first snapshot: refused, see _require_read_committed.)
     BEGIN
         WITH due AS MATERIALIZED (
             SELECT s.id, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
@@ -1152,6 +1165,21 @@ BEGIN
                        AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)))
             LIMIT max_runs  -- NULL: all
             FOR NO KEY UPDATE OF s SKIP LOCKED
+        )
+        SELECT count(*), array_agg(d.id) FILTER (WHERE d.plain), array_agg(d.id) FILTER (WHERE NOT d.plain)
+        INTO taken, plain_ids, by_policy
+        FROM due d;
+
+        WITH checked AS MATERIALIZED (
+            -- still nothing of the schedule open, nor a run on its slot, as committed now
+            SELECT s.id, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
+                   NOT EXISTS (SELECT 1 FROM dispatch.runs x
+                               WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
+                                 AND NOT dispatch._waits_its_turn(x))
+                   AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
+                                   WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at) AS plain
+            FROM dispatch.schedules s
+            WHERE s.id = ANY (plain_ids)
         ), slot AS (
             -- The slot to run: next_run_at when on time (cron slots are at least a minute apart,
             -- interval slots every_us, so none was missed) or under catchup all (the oldest
@@ -1166,7 +1194,7 @@ BEGIN
                                       d.next_run_at)
                    END AS scheduled_for,
                    d.jitter
-            FROM due d WHERE d.plain
+            FROM checked d WHERE d.plain
         ), fire AS (
             SELECT x.id, x.scheduled_for,
                    x.scheduled_for + CASE WHEN x.jitter > interval '0'
@@ -1185,9 +1213,11 @@ BEGIN
             UPDATE dispatch.schedules s SET next_run_at = x.scheduled_for
             FROM slot x WHERE s.id = x.id AND x.scheduled_for <> x.due_at
         )
-        SELECT (SELECT count(*) FROM new_runs), count(*), array_agg(d.id) FILTER (WHERE NOT d.plain)
-        INTO marked, taken, by_policy
-        FROM due d;
+        SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.plain)
+        INTO marked, changed_since
+        FROM checked d;
+        -- what changed between the two statements goes to the policies, which read it afresh
+        by_policy := by_policy || changed_since;
     EXCEPTION WHEN OTHERS THEN
         -- A slot that cannot be computed (a zone gone from the tz database) fails the statement
         -- for every schedule in it: each due schedule then goes on its own, and only that one
@@ -1368,6 +1398,25 @@ BEGIN
     SELECT max(p.id), (SELECT count(*) FROM gone) INTO last_id, deleted FROM page p;
     IF last_id >= up_to THEN
         last_id := NULL;
+    END IF;
+END
+$$;
+
+
+--
+-- Name: _require_read_committed(text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._require_read_committed(what text) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION '% must run at READ COMMITTED, not %', what, upper(current_setting('transaction_isolation'))
+            USING ERRCODE = 'invalid_transaction_state',
+                  DETAIL = 'It decides from the runs it sees after locking a schedule; a transaction''s older snapshot would miss a run committed meanwhile.',
+                  HINT = 'Run it in its own transaction at READ COMMITTED (BEGIN ISOLATION LEVEL READ COMMITTED), or set default_transaction_isolation to read committed for the role that calls it (ALTER ROLE ... SET).';
     END IF;
 END
 $$;
@@ -1618,7 +1667,9 @@ DECLARE
     ended dispatch.runs[];
 BEGIN
     IF NEW.overlap = 'allow' THEN
-        UPDATE dispatch.runs SET not_before = NULL
+        -- at its jittered instant if that is still ahead
+        UPDATE dispatch.runs
+        SET not_before = CASE WHEN fire_at > scheduled_for AND fire_at > clock_timestamp() THEN fire_at END
         WHERE schedule_id = NEW.id AND status = 'pending' AND not_before = 'infinity' AND kind <> 'backfill';
         IF FOUND THEN
             PERFORM pg_notify('dispatch', 'released');
@@ -3155,6 +3206,9 @@ DECLARE
     open_run dispatch.runs;
     run dispatch.runs;
 BEGIN
+    -- it decides from the runs it sees once it holds the schedule (the tick's marking may have
+    -- committed a run just before)
+    PERFORM dispatch._require_read_committed('dispatch.run_now');
     -- A stopped schedule's runs are ended at the claim, never invoked: refuse rather than
     -- hand back a run id that can only end skipped.
     IF s.paused_at IS NOT NULL THEN
@@ -4104,6 +4158,13 @@ GRANT ALL ON FUNCTION dispatch._prune_audit(after_id bigint, INOUT up_to bigint,
 
 REVOKE ALL ON FUNCTION dispatch._prune_runs(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch._prune_runs(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _require_read_committed(what text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._require_read_committed(what text) FROM PUBLIC;
 
 
 --

@@ -317,6 +317,94 @@ def test_two_ticks_never_wait_on_each_other(
     assert scalar(system(), "SELECT dispatch.tick()") == 50
 
 
+def open_runs(db: psycopg.Connection, sid: str) -> list[tuple[str, str]]:
+    return [(kind, status) for kind, status in db.execute(
+        "SELECT kind, status FROM dispatch.runs r WHERE schedule_id = %s AND status IN ('pending', 'running')"
+        " AND NOT dispatch._waits_its_turn(r) ORDER BY id", (sid,))]
+
+
+def test_a_tick_at_repeatable_read_is_refused_rather_than_mark_beside_an_open_run(
+    db: psycopg.Connection, connect: Connect, system: System
+) -> None:
+    """Tick A marks slot S1 and commits after tick B's snapshot was taken (B at REPEATABLE READ,
+    as default_transaction_isolation can make it): B would see no open run and mark S2 too."""
+    sid = add_schedule(db)
+    make_due(db, "2 minutes")
+    s1 = scalar(db, "SELECT next_run_at FROM dispatch.schedules")
+    a = connect(autocommit=False)
+    a.execute(NO_WAIT)
+    assert scalar(a, "SELECT dispatch.tick(%s)", (s1 + timedelta(seconds=1),)) == 1  # S1, on time
+    b = connect(autocommit=False)
+    b.execute("SET default_transaction_isolation = 'repeatable read'")
+    b.execute(NO_WAIT)
+    b.commit()
+    b.execute("SELECT 1")  # B's snapshot: A's run is not in it
+    a.commit()
+    with pytest.raises(errors.InvalidTransactionState, match=r"^dispatch.tick must run at READ COMMITTED"):
+        b.execute("SELECT dispatch.tick()")
+    b.rollback()
+    with pytest.raises(errors.InvalidTransactionState, match=r"^dispatch.run_now must run at READ COMMITTED"):
+        b.execute("SELECT dispatch.run_now(%s)", (sid,))
+    b.rollback()
+    assert open_runs(db, sid) == [("scheduled", "pending")]
+    assert scalar(system(), "SELECT dispatch.tick()") == 0  # at READ COMMITTED: S1 is open, nothing more
+
+
+class Barrier:
+    """Holds every insert of a run of one schedule until released: a tick stopped mid-statement,
+    after its snapshot was taken."""
+
+    def __init__(self, db: psycopg.Connection) -> None:
+        self.db = db
+        db.execute("CREATE FUNCTION public.test_barrier() RETURNS trigger LANGUAGE plpgsql AS"
+                   " $$ BEGIN PERFORM pg_advisory_xact_lock_shared(4242); RETURN NEW; END $$")
+        self.holder = psycopg.connect(**db.info.get_parameters(), autocommit=False)
+        self.holder.execute("SELECT pg_advisory_xact_lock(4242)")
+
+    def hold_runs_of(self, sid: str) -> None:
+        self.db.execute(f"CREATE TRIGGER _000_test_barrier BEFORE INSERT ON dispatch.runs FOR EACH ROW"
+                        f" WHEN (NEW.schedule_id = '{sid}') EXECUTE FUNCTION public.test_barrier()")
+
+    def release(self) -> None:
+        self.holder.rollback()
+
+
+@pytest.fixture
+def barrier(db: psycopg.Connection) -> Iterator[Barrier]:
+    b = Barrier(db)
+    yield b
+    b.release()
+    b.holder.close()
+
+
+def test_a_run_committed_while_a_tick_runs_is_seen_before_it_marks(
+    db: psycopg.Connection, connect: Connect, system: System, background: Callable[..., Future[Any]],
+    barrier: Barrier,
+) -> None:
+    """READ COMMITTED: tick B's statement is stopped after its snapshot, marking schedule X,
+    before it reaches T; meanwhile run_now(T) commits a manual run. B must not mark T's slot
+    beside it (overlap skip): it decides on T under its lock, from what is committed then."""
+    x = add_schedule(db)
+    t = add_schedule(db)
+    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now())"
+               " - CASE WHEN id = %s THEN interval '2 minutes' ELSE interval '0' END", (x,))
+    barrier.hold_runs_of(x)
+    b, operator = system(), connect()
+    ticking = background(scalar, b, "SELECT dispatch.tick()")
+    wait_until_blocked(db, b)  # B is inserting X's run
+    run_now = background(operator.execute, "SELECT dispatch.run_now(%s)", (t,))
+    deadline = time.monotonic() + 10  # run_now commits, or waits for B's lock on T
+    while not run_now.done() and not scalar(db, "SELECT cardinality(pg_blocking_pids(%s)) > 0",
+                                            (operator.info.backend_pid,)):
+        assert time.monotonic() < deadline
+    barrier.release()
+    ticking.result(timeout=10)
+    # run_now waited for B's lock on T, then saw B's run
+    with pytest.raises(errors.ObjectNotInPrerequisiteState, match="overlap is skip"):
+        run_now.result(timeout=10)
+    assert len(open_runs(db, t)) == 1, open_runs(db, t)
+
+
 # -- 6. An expression that cannot be evaluated is never invoked (invariant 6) -------------------
 
 

@@ -251,7 +251,8 @@ DECLARE
 BEGIN
     IF NEW.overlap = 'allow' THEN
         -- at its jittered instant if that is still ahead
-        UPDATE dispatch.runs SET not_before = CASE WHEN fire_at > clock_timestamp() THEN fire_at END
+        UPDATE dispatch.runs
+        SET not_before = CASE WHEN fire_at > scheduled_for AND fire_at > clock_timestamp() THEN fire_at END
         WHERE schedule_id = NEW.id AND status = 'pending' AND not_before = 'infinity' AND kind <> 'backfill';
         IF FOUND THEN
             PERFORM pg_notify('dispatch', 'released');

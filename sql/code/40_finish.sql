@@ -170,11 +170,12 @@ DECLARE
     sid uuid;
 BEGIN
     -- The waiting run starts, at its jittered instant if that is still ahead (a slot never fires
-    -- before its fire_at). The slots that came due while it waited (the buffer was full) are
+    -- before its fire_at; one marked ahead of the clock by tick(horizon) without a jitter was
+    -- made due by whoever marked it). The slots that came due while it waited (the buffer was full) are
     -- dropped under catchup latest: the schedule moves on to the first slot after the clock.
     WITH released AS (
         UPDATE dispatch.runs r
-        SET not_before = CASE WHEN r.fire_at > clock THEN r.fire_at END
+        SET not_before = CASE WHEN r.fire_at > r.scheduled_for AND r.fire_at > clock THEN r.fire_at END
         WHERE r.schedule_id = ANY (_follow_up.schedule_ids) AND r.status = 'pending' AND r.not_before = 'infinity'
           AND r.kind <> 'backfill'
           AND NOT EXISTS (SELECT 1 FROM dispatch.runs o

@@ -81,6 +81,9 @@ DECLARE
     open_run dispatch.runs;
     run dispatch.runs;
 BEGIN
+    -- it decides from the runs it sees once it holds the schedule (the tick's marking may have
+    -- committed a run just before)
+    PERFORM dispatch._require_read_committed('dispatch.run_now');
     -- A stopped schedule's runs are ended at the claim, never invoked: refuse rather than
     -- hand back a run id that can only end skipped.
     IF s.paused_at IS NOT NULL THEN
