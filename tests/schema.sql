@@ -210,6 +210,9 @@ BEGIN
         -- ended, which leave the slots alone)
         SELECT DISTINCT ON (d.schedule_id)
                d.schedule_id, d.status, d.error, coalesce(d.claimed_at, d.finished_at) AS ran_at,
+               -- when the run was first claimed: from then on it was open and running
+               CASE WHEN d.kind = 'scheduled'
+                    THEN coalesce((d.earlier_attempts -> 0 ->> 'claimedAt')::timestamptz, d.claimed_at) END AS started,
                max(d.scheduled_for) FILTER (WHERE d.kind = 'scheduled') OVER (PARTITION BY d.schedule_id)
                    AS scheduled_for
         FROM done d
@@ -218,11 +221,19 @@ BEGIN
         -- behind: next_run_at is on (or, after a slot marked ahead of the clock, before) a
         -- finished slot, so it moves; an edit mid-flight that put it later wins. NULL for a
         -- stopped schedule, which has no next slot. It moves to the first slot after the
-        -- clock, except under catchup all: to the next slot, missed or not.
+        -- clock: the slots that came due while the run was open are the overlap policy's, and
+        -- skip drops them. Under catchup all, to the next slot when that came due before the
+        -- run started (missed while nothing ran: caught up, one at a time).
         SELECT s.id, s.cron_expression, s.cron_spec, s.timezone,
                greatest(s.last_slot, l.scheduled_for) AS last_slot,
                s.next_run_at <= greatest(s.last_slot, l.scheduled_for) AS behind,
-               CASE WHEN s.catchup = 'all' THEN greatest(s.last_slot, l.scheduled_for)
+               CASE WHEN s.catchup = 'all'
+                         AND (l.started IS NULL
+                              OR CASE WHEN _advance_schedules.guarded
+                                      THEN dispatch._next_slot(s.cron_spec, greatest(s.last_slot, l.scheduled_for), s.timezone)
+                                      ELSE dispatch.cron_spec_next(s.cron_spec, greatest(s.last_slot, l.scheduled_for), s.timezone)
+                                 END <= l.started)
+                    THEN greatest(s.last_slot, l.scheduled_for)
                     ELSE greatest(s.last_slot, l.scheduled_for, clock) END AS after,
                s.overlap = 'buffer_one' OR s.catchup = 'all' OR (l.scheduled_for IS NULL AND s.next_run_at <= clock)
                OR EXISTS (SELECT 1 FROM dispatch.runs w
@@ -960,7 +971,8 @@ BEGIN
     SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
         error = left(format('lease of %s expired on attempt %s', r.worker, r.attempt), 500),
         earlier_attempts = coalesce(r.earlier_attempts, '[]') || jsonb_build_object(
-            'attempt', r.attempt, 'status', 'lost', 'error', format('lease of %s expired', r.worker), 'at', clock)
+            'attempt', r.attempt, 'status', 'lost', 'error', format('lease of %s expired', r.worker),
+            'claimedAt', r.claimed_at, 'at', clock)
     FROM dispatch.schedules s
     WHERE r.id = ANY (ids) AND s.id = r.schedule_id
       AND r.attempt - r.released < s.max_attempts AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL;
@@ -2354,7 +2366,8 @@ BEGIN
                 error = left(c.error, 500), http_status = c.http_status, duration_ms = c.duration_ms,
                 earlier_attempts = coalesce(x.earlier_attempts, '[]') || jsonb_build_object(
                     'attempt', c.attempt, 'status', 'error', 'error', left(c.error, 500),
-                    'httpStatus', c.http_status, 'durationMs', c.duration_ms, 'at', clock)
+                    'httpStatus', c.http_status, 'durationMs', c.duration_ms, 'claimedAt', x.claimed_at,
+                    'at', clock)
             FROM candidate c
             WHERE x.id = c.id AND (c.next_slot IS NULL OR c.at < c.next_slot)
               AND c.id NOT IN (SELECT t.id FROM stopped t)
@@ -4242,6 +4255,9 @@ REVOKE ALL ON FUNCTION dispatch._skip_missed(s dispatch.schedules, from_slot tim
 --
 
 REVOKE ALL ON FUNCTION dispatch._slot_spacing(spec dispatch.cron_spec) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._slot_spacing(spec dispatch.cron_spec) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._slot_spacing(spec dispatch.cron_spec) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._slot_spacing(spec dispatch.cron_spec) TO dispatch_admin;
 
 
 --

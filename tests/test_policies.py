@@ -483,3 +483,46 @@ def test_a_buffered_run_fires_no_earlier_than_its_jittered_instant(
         db.execute("UPDATE dispatch.schedules SET overlap = 'allow' WHERE id = %s", (sid,))
     assert scalar(db, "SELECT not_before FROM dispatch.runs WHERE scheduled_for = %s", (s2,)) == fire_at
     assert [r[6] for r in claim(db, "w")] == []  # not before its instant
+
+
+def test_catchup_all_runs_what_was_missed_before_a_run_but_not_what_came_due_while_it_ran(
+    db: psycopg.Connection,
+) -> None:
+    """Overlap decides the slots that come due while a run is open; catch-up the ones missed while
+    nothing ran. every 1 s, catchup all, overlap skip."""
+    sid = add_schedule(db, None, every="1 second", misfire_grace="1 hour", catchup="all")
+    # missed while nothing ran: the slot 3 s back runs, then the next one at once (caught up)
+    db.execute("UPDATE dispatch.schedules SET next_run_at = next_run_at - interval '3 seconds' WHERE id = %s",
+               (sid,))
+    s0 = scalar(db, "SELECT next_run_at FROM dispatch.schedules")
+    db.execute("SELECT dispatch.tick()")
+    [run] = claim(db, "w")
+    complete(db, run)
+    [run] = claim(db, "w")
+    assert (run[6] - s0).total_seconds() == 1
+    complete(db, run)
+    while claim_and_complete(db):
+        pass  # the rest of the missed slots, one at a time, until the schedule is on time
+
+    # on time: its slot comes due, is claimed at once, and stays open for two and a half slots
+    slot = scalar(db, "SELECT next_run_at FROM dispatch.schedules")
+    while scalar(db, "SELECT clock_timestamp() < %s", (slot,)):
+        pass
+    db.execute("SELECT dispatch.tick()")
+    [run] = claim(db, "w")
+    assert run[6] == slot
+    while scalar(db, "SELECT clock_timestamp() < %s + interval '2.5 seconds'", (slot,)):
+        pass
+    complete(db, run)
+    # the slots that came due while it ran are dropped, as overlap skip drops them: none is
+    # caught up, and the schedule is on its first slot after the clock
+    assert claim(db, "w") == []
+    assert scalar(db, "SELECT next_run_at > clock_timestamp() - interval '0.5 seconds'"
+                      " FROM dispatch.schedules WHERE id = %s", (sid,))
+
+
+def claim_and_complete(db: psycopg.Connection) -> bool:
+    runs = claim(db, "w")
+    for run in runs:
+        complete(db, run)
+    return bool(runs)

@@ -77,6 +77,9 @@ BEGIN
         -- ended, which leave the slots alone)
         SELECT DISTINCT ON (d.schedule_id)
                d.schedule_id, d.status, d.error, coalesce(d.claimed_at, d.finished_at) AS ran_at,
+               -- when the run was first claimed: from then on it was open and running
+               CASE WHEN d.kind = 'scheduled'
+                    THEN coalesce((d.earlier_attempts -> 0 ->> 'claimedAt')::timestamptz, d.claimed_at) END AS started,
                max(d.scheduled_for) FILTER (WHERE d.kind = 'scheduled') OVER (PARTITION BY d.schedule_id)
                    AS scheduled_for
         FROM done d
@@ -85,11 +88,19 @@ BEGIN
         -- behind: next_run_at is on (or, after a slot marked ahead of the clock, before) a
         -- finished slot, so it moves; an edit mid-flight that put it later wins. NULL for a
         -- stopped schedule, which has no next slot. It moves to the first slot after the
-        -- clock, except under catchup all: to the next slot, missed or not.
+        -- clock: the slots that came due while the run was open are the overlap policy's, and
+        -- skip drops them. Under catchup all, to the next slot when that came due before the
+        -- run started (missed while nothing ran: caught up, one at a time).
         SELECT s.id, s.cron_expression, s.cron_spec, s.timezone,
                greatest(s.last_slot, l.scheduled_for) AS last_slot,
                s.next_run_at <= greatest(s.last_slot, l.scheduled_for) AS behind,
-               CASE WHEN s.catchup = 'all' THEN greatest(s.last_slot, l.scheduled_for)
+               CASE WHEN s.catchup = 'all'
+                         AND (l.started IS NULL
+                              OR CASE WHEN _advance_schedules.guarded
+                                      THEN dispatch._next_slot(s.cron_spec, greatest(s.last_slot, l.scheduled_for), s.timezone)
+                                      ELSE dispatch.cron_spec_next(s.cron_spec, greatest(s.last_slot, l.scheduled_for), s.timezone)
+                                 END <= l.started)
+                    THEN greatest(s.last_slot, l.scheduled_for)
                     ELSE greatest(s.last_slot, l.scheduled_for, clock) END AS after,
                s.overlap = 'buffer_one' OR s.catchup = 'all' OR (l.scheduled_for IS NULL AND s.next_run_at <= clock)
                OR EXISTS (SELECT 1 FROM dispatch.runs w

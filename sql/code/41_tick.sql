@@ -61,7 +61,8 @@ BEGIN
     SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
         error = left(format('lease of %s expired on attempt %s', r.worker, r.attempt), 500),
         earlier_attempts = coalesce(r.earlier_attempts, '[]') || jsonb_build_object(
-            'attempt', r.attempt, 'status', 'lost', 'error', format('lease of %s expired', r.worker), 'at', clock)
+            'attempt', r.attempt, 'status', 'lost', 'error', format('lease of %s expired', r.worker),
+            'claimedAt', r.claimed_at, 'at', clock)
     FROM dispatch.schedules s
     WHERE r.id = ANY (ids) AND s.id = r.schedule_id
       AND r.attempt - r.released < s.max_attempts AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL;

@@ -160,7 +160,8 @@ BEGIN
                 error = left(c.error, 500), http_status = c.http_status, duration_ms = c.duration_ms,
                 earlier_attempts = coalesce(x.earlier_attempts, '[]') || jsonb_build_object(
                     'attempt', c.attempt, 'status', 'error', 'error', left(c.error, 500),
-                    'httpStatus', c.http_status, 'durationMs', c.duration_ms, 'at', clock)
+                    'httpStatus', c.http_status, 'durationMs', c.duration_ms, 'claimedAt', x.claimed_at,
+                    'at', clock)
             FROM candidate c
             WHERE x.id = c.id AND (c.next_slot IS NULL OR c.at < c.next_slot)
               AND c.id NOT IN (SELECT t.id FROM stopped t)

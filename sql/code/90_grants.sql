@@ -36,6 +36,7 @@ GRANT EXECUTE ON FUNCTION
     dispatch.cron_is_valid(text),
     dispatch.check_timezone(text),
     dispatch._check_policies(dispatch.schedules),
+    dispatch._slot_spacing(dispatch.cron_spec),
     dispatch._cron_error(text, text, text),
     dispatch._cron_value(text, text, text, integer, integer),
     dispatch._next_bit(bigint, integer),
