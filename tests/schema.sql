@@ -268,8 +268,18 @@ BEGIN
         JOIN latest l ON l.schedule_id = x.id
         LEFT JOIN slots n ON x.behind AND n.cron_spec = x.cron_spec AND n.timezone = x.timezone AND n.after = x.after
         WHERE s.id = x.id
+    ), gaps AS (
+        -- the slots passed over, when the run finished at least a slot's length after its own:
+        -- they came due while it was open (invariant 8)
+        SELECT dispatch._record_gaps(array_agg(x.id), array_agg(x.last_slot), array_agg(n.next_at), 'overlap') AS n
+        FROM sched x
+        JOIN slots n ON n.cron_spec = x.cron_spec AND n.timezone = x.timezone AND n.after = x.after
+        WHERE x.behind AND n.next_at IS NOT NULL AND x.after > x.last_slot
+          AND clock - x.last_slot >= coalesce((x.cron_spec).every_us * interval '1 microsecond', interval '1 minute')
     )
-    SELECT d.id, coalesce(x.behind, false), x.follow_up FROM done d JOIN sched x ON x.id = d.schedule_id;
+    SELECT d.id, coalesce(x.behind, false), x.follow_up
+    FROM done d JOIN sched x ON x.id = d.schedule_id
+    CROSS JOIN gaps;
 END
 $$;
 
@@ -341,6 +351,7 @@ CREATE TABLE dispatch.schedules (
     every interval,
     anchor timestamp with time zone,
     jitter interval DEFAULT '00:00:00'::interval NOT NULL,
+    stopped_on timestamp with time zone,
     CONSTRAINT schedules_anchor_check CHECK (((anchor IS NULL) = (every IS NULL))),
     CONSTRAINT schedules_args_check CHECK ((jsonb_typeof(args) = 'object'::text)),
     CONSTRAINT schedules_backoff_check CHECK (((backoff_reason IS NULL) OR (next_run_at IS NOT NULL))),
@@ -544,6 +555,13 @@ COMMENT ON COLUMN dispatch.schedules.anchor IS 'The instant an interval schedule
 --
 
 COMMENT ON COLUMN dispatch.schedules.jitter IS 'Each slot fires at scheduled_for + an offset in [0, jitter), fixed by a hash of the schedule id and the slot (dispatch.jitter_offset): spreads schedules that share a slot. 0: on the slot.';
+
+
+--
+-- Name: COLUMN schedules.stopped_on; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.stopped_on IS 'Derived: the slot a paused or disabled schedule was on when it stopped (NULL while live, and after an edit of its rule). The gap recorded when it goes on again starts there.';
 
 
 --
@@ -1069,9 +1087,14 @@ BEGIN
                                    s.next_run_at)
         FROM released x
         WHERE s.id = x.schedule_id AND s.next_run_at <= x.scheduled_for
-        RETURNING 1
+        RETURNING s.id, x.scheduled_for, s.next_run_at
+    ), gaps AS (
+        -- the slots dropped while the run waited: a gap (overlap)
+        SELECT dispatch._record_gaps(array_agg(m.id), array_agg(m.scheduled_for), array_agg(m.next_run_at),
+                                     'overlap') AS n
+        FROM moved m
     )
-    SELECT count(*) INTO ready FROM released;
+    SELECT count(*) INTO ready FROM released CROSS JOIN gaps;
     FOR sid IN
         SELECT s.id FROM dispatch.schedules s
         WHERE s.id = ANY (_follow_up.schedule_ids) AND s.next_run_at <= clock
@@ -1224,10 +1247,15 @@ BEGIN
             -- WITH runs whether or not it is read)
             UPDATE dispatch.schedules s SET next_run_at = x.scheduled_for
             FROM slot x WHERE s.id = x.id AND x.scheduled_for <> x.due_at
+        ), gaps AS (
+            -- the slots coalesced into the latest: a gap (catch-up)
+            SELECT dispatch._record_gaps(array_agg(x.id), array_agg(x.due_at - interval '1 microsecond'),
+                                         array_agg(x.scheduled_for), 'catch-up') AS n
+            FROM slot x WHERE x.scheduled_for <> x.due_at
         )
         SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.plain)
         INTO marked, changed_since
-        FROM checked d;
+        FROM checked d CROSS JOIN gaps;
         -- what changed between the two statements goes to the policies, which read it afresh
         by_policy := by_policy || changed_since;
     EXCEPTION WHEN OTHERS THEN
@@ -1416,6 +1444,38 @@ $$;
 
 
 --
+-- Name: _record_gaps(uuid[], timestamp with time zone[], timestamp with time zone[], text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text) RETURNS integer
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    WITH gap AS (
+        SELECT s.id, s.project_id, s.function_name, s.cron_spec, s.timezone, x.lo, x.hi
+        FROM unnest(_record_gaps.schedule_ids, _record_gaps.los, _record_gaps.his) AS x(id, lo, hi)
+        JOIN dispatch.schedules s ON s.id = x.id
+        WHERE x.hi > x.lo
+    ), span AS MATERIALIZED (
+        SELECT u.cron_spec, u.timezone, u.lo, u.hi, b.*
+        FROM (SELECT DISTINCT g.cron_spec, g.timezone, g.lo, g.hi FROM gap g) u
+        CROSS JOIN LATERAL dispatch._slots_between(u.cron_spec, u.lo, u.hi, u.timezone) b
+    ), recorded AS (
+        INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+        SELECT NULL, g.project_id, 'schedule.slots.skipped', jsonb_build_object(
+                   'scheduleId', g.id, 'functionName', g.function_name, 'first', p.first_slot,
+                   'last', p.last_slot, 'count', p.slots, 'countIsAtLeast', p.at_least,
+                   'reason', _record_gaps.reason)
+        FROM gap g
+        JOIN span p ON p.cron_spec = g.cron_spec AND p.timezone = g.timezone AND p.lo = g.lo AND p.hi = g.hi
+        WHERE p.first_slot IS NOT NULL
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM recorded
+$$;
+
+
+--
 -- Name: _require_read_committed(text); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -1593,6 +1653,14 @@ BEGIN
     END IF;
 
     live := NEW.enabled AND NEW.deleted_at IS NULL AND NEW.paused_at IS NULL;
+    -- stopped_on: where a stopping schedule stood, for the gap recorded when it goes on again
+    -- (dispatch._schedule_record_stop_gap); a new rule starts its slots afresh.
+    IF TG_OP = 'INSERT' OR live OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec
+       OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
+        NEW.stopped_on := NULL;
+    ELSIF OLD.next_run_at IS NOT NULL THEN
+        NEW.stopped_on := OLD.next_run_at;
+    END IF;
     IF NOT live THEN
         NEW.next_run_at := NULL;
         NEW.backoff_reason := NULL;
@@ -1644,6 +1712,29 @@ CREATE FUNCTION dispatch._schedule_notify() RETURNS trigger
     AS $$
 BEGIN
     PERFORM pg_notify('dispatch', 'schedules');
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: _schedule_record_stop_gap(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._schedule_record_stop_gap() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    -- from the slot it stood on when it stopped (those it has a run for excluded: a pending run
+    -- ended skipped at the stop), up to the slot it goes on from
+    PERFORM dispatch._record_gaps(
+        ARRAY[NEW.id],
+        ARRAY[greatest(OLD.stopped_on - interval '1 microsecond',
+                       (SELECT max(r.scheduled_for) FROM dispatch.runs r
+                        WHERE r.schedule_id = NEW.id AND r.kind = 'scheduled'))],
+        ARRAY[NEW.next_run_at],
+        CASE WHEN OLD.paused_at IS NOT NULL THEN 'pause' ELSE 'disabled' END);
     RETURN NULL;
 END
 $$;
@@ -1742,7 +1833,6 @@ DECLARE
     slots timestamptz[];
     last timestamptz;
     skipped dispatch.runs[];
-    counted integer;
 BEGIN
     slots := from_slot || ARRAY(SELECT dispatch._cron_slots(s.cron_spec, from_slot, cut - interval '1 microsecond',
                                                             s.timezone, 100));
@@ -1763,14 +1853,8 @@ BEGIN
     ELSE
         last := coalesce(dispatch._cron_latest(s.cron_spec, from_slot, cut - interval '1 microsecond', s.timezone),
                          from_slot);
-        SELECT count(*) + 1 INTO counted
-        FROM dispatch._cron_slots(s.cron_spec, from_slot, last, s.timezone, 10000) AS slot;
-        INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
-        VALUES (NULL, s.project_id, 'schedule.run.skipped', jsonb_build_object(
-            'scheduleId', s.id, 'functionName', s.function_name, 'from', from_slot, 'to', last,
-            'count', counted, 'countIsAtLeast', counted > 10000,
-            'error', format('%s slots %s: beyond misfire_grace %s', counted,
-                            dispatch._missed_by(horizon - last) || ' or more', s.misfire_grace)));
+        PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[from_slot - interval '1 microsecond'],
+                                      ARRAY[last + interval '1 microsecond'], 'misfire');
     END IF;
     UPDATE dispatch.schedules
     SET next_run_at = dispatch.cron_spec_next(s.cron_spec, last, s.timezone),
@@ -1804,6 +1888,33 @@ CREATE FUNCTION dispatch._slot_spacing(spec dispatch.cron_spec) RETURNS interval
                           * interval '1 minute')
            END
     FROM m, h
+$$;
+
+
+--
+-- Name: _slots_between(dispatch.cron_spec, timestamp with time zone, timestamp with time zone, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._slots_between(spec dispatch.cron_spec, lo timestamp with time zone, hi timestamp with time zone, tz text, OUT first_slot timestamp with time zone, OUT last_slot timestamp with time zone, OUT slots integer, OUT at_least boolean) RETURNS record
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    first_slot := dispatch.cron_spec_next(spec, lo, tz);
+    IF first_slot IS NULL OR first_slot >= hi THEN
+        first_slot := NULL;
+        RETURN;
+    END IF;
+    last_slot := coalesce(dispatch._cron_latest(spec, first_slot, hi - interval '1 microsecond', tz), first_slot);
+    IF (spec).every_us IS NOT NULL THEN
+        slots := 1 + round(extract(epoch FROM last_slot - first_slot) * 1000000 / (spec).every_us)::integer;
+        at_least := false;
+    ELSE
+        SELECT 1 + count(*) INTO slots FROM dispatch._cron_slots(spec, first_slot, last_slot, tz, 10000);
+        at_least := slots > 10000;
+        slots := least(slots, 10000);
+    END IF;
+END
 $$;
 
 
@@ -1949,9 +2060,12 @@ BEGIN
     ELSIF s.catchup = 'all' THEN
         slots := ARRAY[first_in_grace];  -- the oldest; the next once it finished (one open run at a time)
     ELSE
-        -- latest: only the most recent; the older ones in the grace are coalesced into it
+        -- latest: only the most recent; the older ones in the grace are coalesced into it (a
+        -- gap: catch-up)
         slots := ARRAY[coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
                                                       horizon, s.timezone), first_in_grace)];
+        PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[first_in_grace - interval '1 microsecond'], slots,
+                                      'catch-up');
     END IF;
     -- A slot fires at its jitter offset: one whose instant is still ahead waits for it.
     INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, not_before)
@@ -3296,6 +3410,35 @@ COMMENT ON FUNCTION dispatch.schema_version() IS 'The highest migration applied 
 
 
 --
+-- Name: skipped_slots_after(bigint); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.skipped_slots_after(after_id bigint) RETURNS TABLE(reason text, slots bigint, gaps bigint, last_id bigint)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    WITH since AS (
+        SELECT a.id, a.metadata
+        FROM dispatch.audit_log a
+        WHERE a.action = 'schedule.slots.skipped' AND a.id > coalesce(after_id, 0)
+    ), last AS (
+        SELECT coalesce(max(s.id), after_id, 0) AS id FROM since s
+    )
+    SELECT r.reason, coalesce(sum((s.metadata->>'count')::bigint), 0), count(s.id), (SELECT l.id FROM last l)
+    FROM unnest(ARRAY['overlap', 'catch-up', 'misfire', 'pause', 'disabled']) AS r(reason)
+    LEFT JOIN since s ON s.metadata->>'reason' = r.reason AND after_id IS NOT NULL
+    GROUP BY r.reason
+$$;
+
+
+--
+-- Name: FUNCTION skipped_slots_after(after_id bigint); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.skipped_slots_after(after_id bigint) IS 'The slots in gaps recorded (audit action schedule.slots.skipped) after audit row after_id, by reason (overlap, catch-up, misfire, pause, disabled): how many slots, how many gaps, and the id to pass next time; with NULL, zeros and where to start. What listeners export as pgdispatch_slots_skipped_total{reason}.';
+
+
+--
 -- Name: tick(timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -3710,6 +3853,13 @@ CREATE INDEX audit_log_project_id_at_idx ON dispatch.audit_log USING btree (proj
 
 
 --
+-- Name: audit_log_skipped_slots_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX audit_log_skipped_slots_idx ON dispatch.audit_log USING btree (id) WHERE (action = 'schedule.slots.skipped'::text);
+
+
+--
 -- Name: runs_created_at_brin_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
@@ -3798,6 +3948,13 @@ CREATE TRIGGER _200_end_pending AFTER UPDATE OF enabled, deleted_at, paused_at O
 --
 
 CREATE TRIGGER _210_unbuffer AFTER UPDATE OF overlap ON dispatch.schedules FOR EACH ROW WHEN (((old.overlap = 'buffer_one'::text) AND (new.overlap <> 'buffer_one'::text))) EXECUTE FUNCTION dispatch._schedule_unbuffer();
+
+
+--
+-- Name: schedules _220_record_stop_gap; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _220_record_stop_gap AFTER UPDATE OF enabled, paused_at ON dispatch.schedules FOR EACH ROW WHEN (((old.next_run_at IS NULL) AND (new.next_run_at IS NOT NULL) AND (old.stopped_on IS NOT NULL) AND (NOT (old.cron_spec IS DISTINCT FROM new.cron_spec)) AND (old.timezone = new.timezone))) EXECUTE FUNCTION dispatch._schedule_record_stop_gap();
 
 
 --
@@ -4174,6 +4331,13 @@ GRANT ALL ON FUNCTION dispatch._prune_runs(after_id bigint, INOUT up_to bigint, 
 
 
 --
+-- Name: FUNCTION _record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _require_read_committed(what text); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -4223,6 +4387,13 @@ REVOKE ALL ON FUNCTION dispatch._schedule_notify() FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION _schedule_record_stop_gap(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._schedule_record_stop_gap() FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _schedule_soft_delete(); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -4258,6 +4429,13 @@ REVOKE ALL ON FUNCTION dispatch._slot_spacing(spec dispatch.cron_spec) FROM PUBL
 GRANT ALL ON FUNCTION dispatch._slot_spacing(spec dispatch.cron_spec) TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch._slot_spacing(spec dispatch.cron_spec) TO dispatch_reader;
 GRANT ALL ON FUNCTION dispatch._slot_spacing(spec dispatch.cron_spec) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _slots_between(spec dispatch.cron_spec, lo timestamp with time zone, hi timestamp with time zone, tz text, OUT first_slot timestamp with time zone, OUT last_slot timestamp with time zone, OUT slots integer, OUT at_least boolean); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._slots_between(spec dispatch.cron_spec, lo timestamp with time zone, hi timestamp with time zone, tz text, OUT first_slot timestamp with time zone, OUT last_slot timestamp with time zone, OUT slots integer, OUT at_least boolean) FROM PUBLIC;
 
 
 --
@@ -4516,6 +4694,14 @@ REVOKE ALL ON FUNCTION dispatch.schema_version() FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.schema_version() TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch.schema_version() TO dispatch_reader;
 GRANT ALL ON FUNCTION dispatch.schema_version() TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION skipped_slots_after(after_id bigint); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.skipped_slots_after(after_id bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.skipped_slots_after(after_id bigint) TO dispatch_listener;
 
 
 --

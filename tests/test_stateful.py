@@ -87,6 +87,9 @@ class DispatchWalk(RuleBasedStateMachine):
         self.horizon: datetime = one(s.clock, "SELECT date_trunc('minute', now())")
         self.schedules: list[str] = []
         self.gone_zone: set[str] = set()
+        # schedules whose slot rule changed (an edit starts the slots afresh) or could not be
+        # computed for a while (back-off): left out of the slot accounting at the end of a walk
+        self.rule_changed: set[str] = set()
         self.claims: list[list[Claim]] = [[] for _ in s.listeners]
         self.retry_at: dict[int, datetime] = {}  # run id -> when complete_runs said it is retried
         self.seen: set[tuple[int, int]] = set()  # every (run, token) handed out: never twice
@@ -299,6 +302,8 @@ class DispatchWalk(RuleBasedStateMachine):
         }[change]
         try:
             self.sessions.admin.execute(statement, params)
+            if change == "cron":
+                self.rule_changed.add(sid)
         except errors.InvalidParameterValue:
             assert sid in self.gone_zone  # a zone gone from tzdata: refused when it must be read
         except errors.ObjectNotInPrerequisiteState:
@@ -400,10 +405,25 @@ class DispatchWalk(RuleBasedStateMachine):
                       ("Gone/Away" if gone else "UTC", sid))
         clock.execute("RESET session_replication_role")
         (self.gone_zone.add if gone else self.gone_zone.discard)(sid)
+        self.rule_changed.add(sid)
         for _ in range(hours_later):
             self.an_hour_passes()
 
     # -- what no step may break -----------------------------------------------------------------
+
+    def teardown(self) -> None:
+        """8. Every slot accounted for: from a schedule's creation up to the slot it stands on
+        (or stood on when it stopped), each slot of its rule is a run or lies in one recorded gap,
+        and no slot with a scheduled run is also in a gap."""
+        if self.dba_open is not None:
+            self.sessions.dba.rollback()
+        for sid in set(self.schedules) - self.rule_changed:
+            row = self.sessions.clock.execute(ACCOUNTING, {"sid": sid}).fetchone()
+            assert row is not None
+            unaccounted, doubly = row
+            assert unaccounted is None, f"schedule {sid}: slots neither run nor in a gap: {unaccounted}"
+            assert doubly is None, f"schedule {sid}: slots both run and in a recorded gap: {doubly}"
+            DispatchWalk.seen_outcomes["slots accounted for"] += 1
 
     @invariant()
     def invariants_hold(self) -> None:
@@ -463,6 +483,38 @@ class DispatchWalk(RuleBasedStateMachine):
             ([e.removeprefix("every ") for e in EXPRESSIONS if e.startswith("every ")],)).fetchall() == []
 
 
+# The slots of a schedule's rule from its creation up to the slot it stands on (live) or stood
+# on (stopped), less those with a run (scheduled or backfill) or in a recorded gap.
+ACCOUNTING = """
+    WITH s AS (
+        SELECT s.*, coalesce(s.next_run_at, s.stopped_on,
+                             (SELECT max(r.scheduled_for) + interval '1 microsecond' FROM dispatch.runs r
+                              WHERE r.schedule_id = s.id AND r.kind = 'scheduled'),
+                             s.created_at) AS upto
+        FROM dispatch.schedules s WHERE s.id = %(sid)s
+    ), expected AS (
+        SELECT slot FROM s, dispatch._cron_slots(s.cron_spec, s.created_at, s.upto - interval '1 microsecond',
+                                                 s.timezone, 50000) AS slot
+    ), in_gaps AS (
+        SELECT slot
+        FROM s
+        JOIN dispatch.audit_log a
+          ON a.action = 'schedule.slots.skipped' AND a.metadata->>'scheduleId' = s.id::text
+        CROSS JOIN LATERAL dispatch._cron_slots(
+            s.cron_spec, (a.metadata->>'first')::timestamptz - interval '1 microsecond',
+            (a.metadata->>'last')::timestamptz, s.timezone, 50000) AS slot
+    )
+    SELECT (SELECT array_agg(e.slot ORDER BY e.slot) FROM expected e
+            WHERE NOT EXISTS (SELECT 1 FROM dispatch.runs r
+                              WHERE r.schedule_id = %(sid)s AND r.scheduled_for = e.slot
+                                AND r.kind IN ('scheduled', 'backfill'))
+              AND NOT EXISTS (SELECT 1 FROM in_gaps g WHERE g.slot = e.slot)),
+           (SELECT array_agg(g.slot) FROM in_gaps g
+            JOIN dispatch.runs r
+              ON r.schedule_id = %(sid)s AND r.kind = 'scheduled' AND r.scheduled_for = g.slot)
+"""
+
+
 @pytest.fixture
 def sessions(db: psycopg.Connection, connect: Callable[..., psycopg.Connection]) -> Iterator[Sessions]:
     roles = {"listener": "dispatch_listener", "admin": "dispatch_admin"}
@@ -506,6 +558,7 @@ def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
     assert DispatchWalk.steps >= EXAMPLES * STEPS_PER_EXAMPLE // 2
     reached = " ".join(DispatchWalk.seen_outcomes)
     expected = ["backfill", "busy", "fenced", "recorded", "retried", "retry claimed", "run now",
-                "skipped: schedule", "skipped: cannot compute", "skipped: missed by", "lost: lease"]
+                "skipped: schedule", "skipped: cannot compute", "skipped: missed by", "lost: lease",
+                "late call", "slots accounted for"]
     for outcome in expected:
         assert outcome in reached, f"the walks never reached {outcome!r}"

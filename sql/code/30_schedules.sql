@@ -162,6 +162,14 @@ BEGIN
     END IF;
 
     live := NEW.enabled AND NEW.deleted_at IS NULL AND NEW.paused_at IS NULL;
+    -- stopped_on: where a stopping schedule stood, for the gap recorded when it goes on again
+    -- (dispatch._schedule_record_stop_gap); a new rule starts its slots afresh.
+    IF TG_OP = 'INSERT' OR live OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec
+       OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
+        NEW.stopped_on := NULL;
+    ELSIF OLD.next_run_at IS NOT NULL THEN
+        NEW.stopped_on := OLD.next_run_at;
+    END IF;
     IF NOT live THEN
         NEW.next_run_at := NULL;
         NEW.backoff_reason := NULL;

@@ -135,8 +135,18 @@ BEGIN
         JOIN latest l ON l.schedule_id = x.id
         LEFT JOIN slots n ON x.behind AND n.cron_spec = x.cron_spec AND n.timezone = x.timezone AND n.after = x.after
         WHERE s.id = x.id
+    ), gaps AS (
+        -- the slots passed over, when the run finished at least a slot's length after its own:
+        -- they came due while it was open (invariant 8)
+        SELECT dispatch._record_gaps(array_agg(x.id), array_agg(x.last_slot), array_agg(n.next_at), 'overlap') AS n
+        FROM sched x
+        JOIN slots n ON n.cron_spec = x.cron_spec AND n.timezone = x.timezone AND n.after = x.after
+        WHERE x.behind AND n.next_at IS NOT NULL AND x.after > x.last_slot
+          AND clock - x.last_slot >= coalesce((x.cron_spec).every_us * interval '1 microsecond', interval '1 minute')
     )
-    SELECT d.id, coalesce(x.behind, false), x.follow_up FROM done d JOIN sched x ON x.id = d.schedule_id;
+    SELECT d.id, coalesce(x.behind, false), x.follow_up
+    FROM done d JOIN sched x ON x.id = d.schedule_id
+    CROSS JOIN gaps;
 END
 $$;
 
@@ -202,9 +212,14 @@ BEGIN
                                    s.next_run_at)
         FROM released x
         WHERE s.id = x.schedule_id AND s.next_run_at <= x.scheduled_for
-        RETURNING 1
+        RETURNING s.id, x.scheduled_for, s.next_run_at
+    ), gaps AS (
+        -- the slots dropped while the run waited: a gap (overlap)
+        SELECT dispatch._record_gaps(array_agg(m.id), array_agg(m.scheduled_for), array_agg(m.next_run_at),
+                                     'overlap') AS n
+        FROM moved m
     )
-    SELECT count(*) INTO ready FROM released;
+    SELECT count(*) INTO ready FROM released CROSS JOIN gaps;
     FOR sid IN
         SELECT s.id FROM dispatch.schedules s
         WHERE s.id = ANY (_follow_up.schedule_ids) AND s.next_run_at <= clock

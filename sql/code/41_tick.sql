@@ -109,8 +109,8 @@ $$;
 
 -- Slots [from_slot, cut) of a schedule whose misfire_grace they are beyond: never invoked. Up
 -- to 100 each get a skipped run with an audit row; more (a long outage of a frequent schedule)
--- get one summary audit row instead, so that an outage does not write millions of rows in one
--- tick. Returns the latest of them.
+-- are one recorded gap instead (misfire), so that an outage does not write millions of rows in
+-- one tick. Returns the latest of them.
 CREATE OR REPLACE FUNCTION dispatch._skip_missed(s dispatch.schedules, from_slot timestamptz, cut timestamptz,
                                                  horizon timestamptz)
 RETURNS timestamptz
@@ -122,7 +122,6 @@ DECLARE
     slots timestamptz[];
     last timestamptz;
     skipped dispatch.runs[];
-    counted integer;
 BEGIN
     slots := from_slot || ARRAY(SELECT dispatch._cron_slots(s.cron_spec, from_slot, cut - interval '1 microsecond',
                                                             s.timezone, 100));
@@ -143,14 +142,8 @@ BEGIN
     ELSE
         last := coalesce(dispatch._cron_latest(s.cron_spec, from_slot, cut - interval '1 microsecond', s.timezone),
                          from_slot);
-        SELECT count(*) + 1 INTO counted
-        FROM dispatch._cron_slots(s.cron_spec, from_slot, last, s.timezone, 10000) AS slot;
-        INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
-        VALUES (NULL, s.project_id, 'schedule.run.skipped', jsonb_build_object(
-            'scheduleId', s.id, 'functionName', s.function_name, 'from', from_slot, 'to', last,
-            'count', counted, 'countIsAtLeast', counted > 10000,
-            'error', format('%s slots %s: beyond misfire_grace %s', counted,
-                            dispatch._missed_by(horizon - last) || ' or more', s.misfire_grace)));
+        PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[from_slot - interval '1 microsecond'],
+                                      ARRAY[last + interval '1 microsecond'], 'misfire');
     END IF;
     UPDATE dispatch.schedules
     SET next_run_at = dispatch.cron_spec_next(s.cron_spec, last, s.timezone),
@@ -249,9 +242,12 @@ BEGIN
     ELSIF s.catchup = 'all' THEN
         slots := ARRAY[first_in_grace];  -- the oldest; the next once it finished (one open run at a time)
     ELSE
-        -- latest: only the most recent; the older ones in the grace are coalesced into it
+        -- latest: only the most recent; the older ones in the grace are coalesced into it (a
+        -- gap: catch-up)
         slots := ARRAY[coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
                                                       horizon, s.timezone), first_in_grace)];
+        PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[first_in_grace - interval '1 microsecond'], slots,
+                                      'catch-up');
     END IF;
     -- A slot fires at its jitter offset: one whose instant is still ahead waits for it.
     INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, not_before)
@@ -418,10 +414,15 @@ BEGIN
             -- WITH runs whether or not it is read)
             UPDATE dispatch.schedules s SET next_run_at = x.scheduled_for
             FROM slot x WHERE s.id = x.id AND x.scheduled_for <> x.due_at
+        ), gaps AS (
+            -- the slots coalesced into the latest: a gap (catch-up)
+            SELECT dispatch._record_gaps(array_agg(x.id), array_agg(x.due_at - interval '1 microsecond'),
+                                         array_agg(x.scheduled_for), 'catch-up') AS n
+            FROM slot x WHERE x.scheduled_for <> x.due_at
         )
         SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.plain)
         INTO marked, changed_since
-        FROM checked d;
+        FROM checked d CROSS JOIN gaps;
         -- what changed between the two statements goes to the policies, which read it afresh
         by_policy := by_policy || changed_since;
     EXCEPTION WHEN OTHERS THEN

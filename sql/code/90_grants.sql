@@ -60,7 +60,8 @@ GRANT EXECUTE ON FUNCTION
     dispatch.release_runs(text, bigint[], integer[]),
     dispatch.next_due_at(),
     dispatch.next_due_after(timestamptz),
-    dispatch.lost_runs_after(bigint)
+    dispatch.lost_runs_after(bigint),
+    dispatch.skipped_slots_after(bigint)
 TO dispatch_listener;
 GRANT EXECUTE ON PROCEDURE
     dispatch.complete_run(bigint, text, integer, text, text, integer, integer, boolean, integer, boolean, boolean,
