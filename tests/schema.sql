@@ -270,12 +270,22 @@ BEGIN
         WHERE s.id = x.id
     ), gaps AS (
         -- the slots passed over, when the run finished at least a slot's length after its own:
-        -- they came due while it was open (invariant 8)
-        SELECT dispatch._record_gaps(array_agg(x.id), array_agg(x.last_slot), array_agg(n.next_at), 'overlap') AS n
+        -- they came due while it was open (invariant 8). Looked for only past the shortest
+        -- spacing the rule can have, read off its fields (a minute when the minute field has
+        -- several values, an hour when the hour field has, else 23 hours, a day across DST):
+        -- a run that finished within it passed over nothing, and computing its next slot from
+        -- its own once more would double what advancing costs.
+        SELECT CASE WHEN count(*) > 0
+                    THEN dispatch._record_gaps(array_agg(x.id), array_agg(x.last_slot), array_agg(n.next_at), 'overlap')
+               END AS n
         FROM sched x
         JOIN slots n ON n.cron_spec = x.cron_spec AND n.timezone = x.timezone AND n.after = x.after
         WHERE x.behind AND n.next_at IS NOT NULL AND x.after > x.last_slot
-          AND clock - x.last_slot >= coalesce((x.cron_spec).every_us * interval '1 microsecond', interval '1 minute')
+          AND clock - x.last_slot >= CASE
+                WHEN (x.cron_spec).every_us IS NOT NULL THEN (x.cron_spec).every_us * interval '1 microsecond'
+                WHEN bit_count((x.cron_spec).minutes::bit(64)) > 1 THEN interval '1 minute'
+                WHEN bit_count((x.cron_spec).hours::bit(32)) > 1 THEN interval '1 hour'
+                ELSE interval '23 hours' END
     )
     SELECT d.id, coalesce(x.behind, false), x.follow_up
     FROM done d JOIN sched x ON x.id = d.schedule_id
@@ -1090,8 +1100,10 @@ BEGIN
         RETURNING s.id, x.scheduled_for, s.next_run_at
     ), gaps AS (
         -- the slots dropped while the run waited: a gap (overlap)
-        SELECT dispatch._record_gaps(array_agg(m.id), array_agg(m.scheduled_for), array_agg(m.next_run_at),
-                                     'overlap') AS n
+        SELECT CASE WHEN count(*) > 0
+                    THEN dispatch._record_gaps(array_agg(m.id), array_agg(m.scheduled_for), array_agg(m.next_run_at),
+                                               'overlap')
+               END AS n
         FROM moved m
     )
     SELECT count(*) INTO ready FROM released CROSS JOIN gaps;
@@ -1249,8 +1261,10 @@ BEGIN
             FROM slot x WHERE s.id = x.id AND x.scheduled_for <> x.due_at
         ), gaps AS (
             -- the slots coalesced into the latest: a gap (catch-up)
-            SELECT dispatch._record_gaps(array_agg(x.id), array_agg(x.due_at - interval '1 microsecond'),
-                                         array_agg(x.scheduled_for), 'catch-up') AS n
+            SELECT CASE WHEN count(*) > 0
+                        THEN dispatch._record_gaps(array_agg(x.id), array_agg(x.due_at - interval '1 microsecond'),
+                                                   array_agg(x.scheduled_for), 'catch-up')
+                   END AS n
             FROM slot x WHERE x.scheduled_for <> x.due_at
         )
         SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.plain)
@@ -1448,9 +1462,12 @@ $$;
 --
 
 CREATE FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text) RETURNS integer
-    LANGUAGE sql SECURITY DEFINER
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+    recorded integer;
+BEGIN
     WITH gap AS (
         SELECT s.id, s.project_id, s.function_name, s.cron_spec, s.timezone, x.lo, x.hi
         FROM unnest(_record_gaps.schedule_ids, _record_gaps.los, _record_gaps.his) AS x(id, lo, hi)
@@ -1460,7 +1477,7 @@ CREATE FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with ti
         SELECT u.cron_spec, u.timezone, u.lo, u.hi, b.*
         FROM (SELECT DISTINCT g.cron_spec, g.timezone, g.lo, g.hi FROM gap g) u
         CROSS JOIN LATERAL dispatch._slots_between(u.cron_spec, u.lo, u.hi, u.timezone) b
-    ), recorded AS (
+    ), written AS (
         INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
         SELECT NULL, g.project_id, 'schedule.slots.skipped', jsonb_build_object(
                    'scheduleId', g.id, 'functionName', g.function_name, 'first', p.first_slot,
@@ -1471,7 +1488,9 @@ CREATE FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with ti
         WHERE p.first_slot IS NOT NULL
         RETURNING 1
     )
-    SELECT count(*)::integer FROM recorded
+    SELECT count(*)::integer INTO recorded FROM written;
+    RETURN recorded;
+END
 $$;
 
 

@@ -40,14 +40,18 @@ $$;
 
 -- One audit row schedule.slots.skipped for each schedule whose slots in (los[i], his[i]) are a
 -- gap. Schedules that share a rule, a zone and the bounds (a stampede, an outage) share the
--- arithmetic. Returns how many gaps it recorded.
+-- arithmetic. Returns how many gaps it recorded. PL/pgSQL so that its plan is kept: a SQL
+-- function's statement would be planned at each call.
 CREATE OR REPLACE FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamptz[], his timestamptz[],
                                                  reason text)
 RETURNS integer
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    recorded integer;
+BEGIN
     WITH gap AS (
         SELECT s.id, s.project_id, s.function_name, s.cron_spec, s.timezone, x.lo, x.hi
         FROM unnest(_record_gaps.schedule_ids, _record_gaps.los, _record_gaps.his) AS x(id, lo, hi)
@@ -57,7 +61,7 @@ AS $$
         SELECT u.cron_spec, u.timezone, u.lo, u.hi, b.*
         FROM (SELECT DISTINCT g.cron_spec, g.timezone, g.lo, g.hi FROM gap g) u
         CROSS JOIN LATERAL dispatch._slots_between(u.cron_spec, u.lo, u.hi, u.timezone) b
-    ), recorded AS (
+    ), written AS (
         INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
         SELECT NULL, g.project_id, 'schedule.slots.skipped', jsonb_build_object(
                    'scheduleId', g.id, 'functionName', g.function_name, 'first', p.first_slot,
@@ -68,7 +72,9 @@ AS $$
         WHERE p.first_slot IS NOT NULL
         RETURNING 1
     )
-    SELECT count(*)::integer FROM recorded
+    SELECT count(*)::integer INTO recorded FROM written;
+    RETURN recorded;
+END
 $$;
 
 -- A schedule that runs again after a pause or while disabled: the slots it passed over.

@@ -137,12 +137,22 @@ BEGIN
         WHERE s.id = x.id
     ), gaps AS (
         -- the slots passed over, when the run finished at least a slot's length after its own:
-        -- they came due while it was open (invariant 8)
-        SELECT dispatch._record_gaps(array_agg(x.id), array_agg(x.last_slot), array_agg(n.next_at), 'overlap') AS n
+        -- they came due while it was open (invariant 8). Looked for only past the shortest
+        -- spacing the rule can have, read off its fields (a minute when the minute field has
+        -- several values, an hour when the hour field has, else 23 hours, a day across DST):
+        -- a run that finished within it passed over nothing, and computing its next slot from
+        -- its own once more would double what advancing costs.
+        SELECT CASE WHEN count(*) > 0
+                    THEN dispatch._record_gaps(array_agg(x.id), array_agg(x.last_slot), array_agg(n.next_at), 'overlap')
+               END AS n
         FROM sched x
         JOIN slots n ON n.cron_spec = x.cron_spec AND n.timezone = x.timezone AND n.after = x.after
         WHERE x.behind AND n.next_at IS NOT NULL AND x.after > x.last_slot
-          AND clock - x.last_slot >= coalesce((x.cron_spec).every_us * interval '1 microsecond', interval '1 minute')
+          AND clock - x.last_slot >= CASE
+                WHEN (x.cron_spec).every_us IS NOT NULL THEN (x.cron_spec).every_us * interval '1 microsecond'
+                WHEN bit_count((x.cron_spec).minutes::bit(64)) > 1 THEN interval '1 minute'
+                WHEN bit_count((x.cron_spec).hours::bit(32)) > 1 THEN interval '1 hour'
+                ELSE interval '23 hours' END
     )
     SELECT d.id, coalesce(x.behind, false), x.follow_up
     FROM done d JOIN sched x ON x.id = d.schedule_id
@@ -215,8 +225,10 @@ BEGIN
         RETURNING s.id, x.scheduled_for, s.next_run_at
     ), gaps AS (
         -- the slots dropped while the run waited: a gap (overlap)
-        SELECT dispatch._record_gaps(array_agg(m.id), array_agg(m.scheduled_for), array_agg(m.next_run_at),
-                                     'overlap') AS n
+        SELECT CASE WHEN count(*) > 0
+                    THEN dispatch._record_gaps(array_agg(m.id), array_agg(m.scheduled_for), array_agg(m.next_run_at),
+                                               'overlap')
+               END AS n
         FROM moved m
     )
     SELECT count(*) INTO ready FROM released CROSS JOIN gaps;

@@ -416,8 +416,10 @@ BEGIN
             FROM slot x WHERE s.id = x.id AND x.scheduled_for <> x.due_at
         ), gaps AS (
             -- the slots coalesced into the latest: a gap (catch-up)
-            SELECT dispatch._record_gaps(array_agg(x.id), array_agg(x.due_at - interval '1 microsecond'),
-                                         array_agg(x.scheduled_for), 'catch-up') AS n
+            SELECT CASE WHEN count(*) > 0
+                        THEN dispatch._record_gaps(array_agg(x.id), array_agg(x.due_at - interval '1 microsecond'),
+                                                   array_agg(x.scheduled_for), 'catch-up')
+                   END AS n
             FROM slot x WHERE x.scheduled_for <> x.due_at
         )
         SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.plain)
