@@ -218,9 +218,11 @@ class DispatchWalk(RuleBasedStateMachine):
         """kill -9: what it held is never completed nor released; its leases run out (an hour's
         lease as well: the walk's clock moves it to its end)."""
         self.step()
+        # (not a run the DBA's open transaction holds: the clock would wait on it)
         self.sessions.clock.execute(
             "UPDATE dispatch.runs SET lease_until = claimed_at + interval '1 millisecond'"
-            " WHERE id = ANY (%s) AND status = 'running' AND attempt = ANY (%s)",
+            " WHERE id IN (SELECT id FROM dispatch.runs WHERE id = ANY (%s) AND status = 'running'"
+            "              AND attempt = ANY (%s) FOR UPDATE SKIP LOCKED)",
             ([c.run_id for c in self.claims[i]], [c.attempt for c in self.claims[i]]))
         self.claims[i] = []
 
@@ -469,9 +471,10 @@ class DispatchWalk(RuleBasedStateMachine):
         runs_count = one(clock, "SELECT count(*) FROM dispatch.runs")
         for status, error in clock.execute(
                 "SELECT status, CASE WHEN error LIKE 'missed by %%' THEN 'missed by'"
-                "                    WHEN status = 'error' THEN 'stopped in its back-off' ELSE left(error, 20) END"
+                " WHEN status = 'error' THEN 'stopped in its back-off' ELSE left(error, 20) END"
                 " FROM dispatch.runs"
-                " WHERE (status IN ('skipped', 'lost') OR error LIKE '%%not retried: schedule%%') AND id > %s",
+                " WHERE (status IN ('skipped', 'lost') OR error LIKE '%%not retried: schedule%%')"
+                " AND id > %s",
                 (self.last_seen_run,)):
             DispatchWalk.seen_outcomes[f"{status}: {error}"] += 1
         self.last_seen_run = one(clock, "SELECT coalesce(max(id), 0) FROM dispatch.runs WHERE status NOT IN"
