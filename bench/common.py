@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -20,8 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_DIR = ROOT / ".pgdata" / "bench"
 PG_CLUSTER = str(ROOT / "scripts" / "pg-cluster")
 
-__all__ = ["SPREAD_CRON", "children", "cluster_cpu_s", "fresh_database", "median_ms", "process_cpu_s",
-           "record", "recreate_database", "start_cluster", "stop_cluster", "wait_until"]
+__all__ = ["SPREAD_CRON", "checkout", "children", "cluster_cpu_s", "fresh_database", "install_revision",
+           "median_ms", "process_cpu_s", "record", "recreate_database", "start_cluster", "stop_cluster",
+           "wait_until"]
 
 # The cron expression of schedule number i in the dispatch benchmarks, as SQL for a query with
 # parameters: 1,440 distinct expressions ('m h 1 1 *': one minute of New Year's Day each, so
@@ -50,6 +55,37 @@ def recreate_database(port: str, name: str) -> str:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = f"postgresql://postgres@127.0.0.1:{port}/{name}"
     install(url)
+    return url
+
+
+@contextmanager
+def checkout(rev: str) -> Iterator[Path]:
+    """A temporary git worktree of `rev` (detached HEAD), removed afterwards."""
+    parent = Path(tempfile.mkdtemp(prefix="pgdispatch-rev-"))
+    path = parent / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(path), rev],
+                   check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], check=False)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def install_revision(root: Path, port: str, name: str, *, python: str = sys.executable) -> str:
+    """Recreate database `name` in the cluster on `port` and install the sql/ of the revision
+    checked out at `root`, with that revision's own installer (run by `python`, with `root`
+    first on its path); no pg_cron job is left ticking in it. Returns its URL."""
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql://postgres@127.0.0.1:{port}/{name}"
+    subprocess.run([python, "-c", "import sys; from dispatcher.migrations import install;"
+                    " install(sys.argv[1])", url],
+                   check=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                   stdout=subprocess.DEVNULL)
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+        conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE database = %s", (name,))
     return url
 
 
