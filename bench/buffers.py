@@ -28,19 +28,20 @@ from bench.common import SPREAD_CRON, checkout, install_revision, start_cluster,
 ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = ROOT / ".pgdata" / "bench-buffers"
 
-__all__ = ["measure"]
+__all__ = ["ensure_statements", "measure"]
 
 
-def ensure_statements(port: str) -> str:
-    """pg_stat_statements loaded with track = all (restarting the cluster once if needed)."""
+def ensure_statements(port: str, data_dir: Path = DATA_DIR, *, fast: bool = False) -> str:
+    """pg_stat_statements loaded with track = all in the cluster of data_dir (restarting it once
+    if needed); returns its port."""
     with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
         loaded = conn.execute("SELECT count(*) FROM pg_settings WHERE name = 'pg_stat_statements.track'"
                               ).fetchone() == (1,)
         if not loaded:
             conn.execute("ALTER SYSTEM SET shared_preload_libraries = pg_cron, pg_stat_statements")
     if not loaded:
-        stop_cluster(DATA_DIR)
-        port = start_cluster(DATA_DIR)
+        stop_cluster(data_dir)
+        port = start_cluster(data_dir, fast=fast)
     with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
         conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'")
         conn.execute("ALTER SYSTEM SET pg_stat_statements.max = 10000")
@@ -146,6 +147,9 @@ def measure(*, against: str | None, runs: int, batch: int, explain: bool) -> Non
                 measure_revision(f"{against}", url, runs=runs, batch=batch, explain=explain)
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=True,
                               capture_output=True, text=True).stdout.strip()
+        if subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                          check=True, capture_output=True, text=True).stdout.strip():
+            head += "+changes"
         url = install_revision(ROOT, port, "bench_buffers_this")
         measure_revision(f"this tree ({head})", url, runs=runs, batch=batch, explain=explain)
     finally:

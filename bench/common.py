@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_DIR = ROOT / ".pgdata" / "bench"
 PG_CLUSTER = str(ROOT / "scripts" / "pg-cluster")
 
-__all__ = ["SPREAD_CRON", "checkout", "children", "cluster_cpu_s", "fresh_database", "install_revision",
+__all__ = ["SPREAD_CRON", "checkout", "children", "cluster_cpu_s", "cluster_dir", "cluster_kind",
+           "fresh_database", "install_revision",
            "median_ms", "process_cpu_s", "record", "recreate_database", "start_cluster", "stop_cluster",
            "wait_until"]
 
@@ -38,10 +39,30 @@ SPREAD_CRON = "(i %% 60) || ' ' || (i / 60 %% 24) || ' 1 1 *'"
 
 def start_cluster(data_dir: Path = CLUSTER_DIR, *, fast: bool = False) -> str:
     """Start the private cluster in data_dir (initialising it the first time: durable, or with the
-    test clusters' fast settings, fsync off, when `fast`); returns its port."""
+    test clusters' fast settings, fsync off, when `fast`); returns its port. A cluster initialised
+    the other way is refused: its figures would be labelled wrong."""
     env = {**os.environ, "PGDISPATCH_CLUSTER_FAST": "1"} if fast else None
-    return subprocess.run([PG_CLUSTER, "start", str(data_dir)], check=True, capture_output=True,
+    port = subprocess.run([PG_CLUSTER, "start", str(data_dir)], check=True, capture_output=True,
                           text=True, env=env).stdout.strip()
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres") as conn:
+        row = conn.execute("SELECT current_setting('fsync')::bool").fetchone()
+    if row != (not fast,):
+        stop_cluster(data_dir, check=False)
+        raise SystemExit(f"bench: the cluster in {data_dir} has fsync {'on' if row == (True,) else 'off'}, "
+                         f"this benchmark wants it {'off' if fast else 'on'}: remove {data_dir} or choose "
+                         "another --dir")
+    return port
+
+
+def cluster_kind(fast: bool) -> str:
+    """How a figure's cluster is labelled."""
+    return ("fsync, synchronous_commit and full_page_writes off (not durable)" if fast
+            else "durable (PostgreSQL's defaults: fsync, synchronous_commit and full_page_writes on)")
+
+
+def cluster_dir(name: str, fast: bool) -> Path:
+    """The default folder of a benchmark's private cluster: one per kind, never shared."""
+    return ROOT / ".pgdata" / (f"{name}-fsync-off" if fast else f"{name}-durable")
 
 
 def stop_cluster(data_dir: Path = CLUSTER_DIR, *, check: bool = True) -> None:
