@@ -261,7 +261,9 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
                 sink.arrivals(20_000)
                 print(f"round {round_no}: bare aiohttp loop {bare['aiohttp'][-1]:,.0f} requests/s, "
                       f"bare listener HTTP stack {bare['invoker'][-1]:,.0f} requests/s")
-                for loop, counts, sizes in loops:
+                # The order alternates from round to round: what runs first in a round runs on a
+                # table the previous round's runs left for autovacuum, and measured slower.
+                for loop, counts, sizes in (loops if round_no % 2 else loops[::-1]):
                     for count in counts:
                         with listeners(count, url=url, template=sink.template, concurrency=concurrency,
                                        log_dir=data_dir, log_level=log_level, event_loop=loop) as pids:
