@@ -1,7 +1,17 @@
 """Every benchmark in one run, then one table of the figures against their goals and limits.
 
     scripts/bench                       # installs what is missing (nginx, py-spy), then:
-    .venv/bin/python -m bench [--quick]
+    .venv/bin/python -m bench [--quick] [--fsync-off]
+    .venv/bin/python -m bench --against REV [--rounds 3] [--runs 10000] [--listeners 1]
+
+The end-to-end benchmarks (bench.dispatch, bench.stampede) and the database alone
+(bench.complete_pgbench) run on durable clusters with PostgreSQL's defaults (fsync,
+synchronous_commit and full_page_writes on), what a user runs; --fsync-off runs them on clusters
+with those off instead, and the summary says so. bench.tick and bench.claim always use a durable
+cluster; bench.finish_cost, bench.memory and bench.prune the fast one (CPU and memory figures).
+
+--against REV runs no table: the end-to-end benchmark for this tree and for REV side by side,
+alternately in one window (bench/against.py), with both figures and their ratio.
 
 Runs, each in its own process and printing its own detail: bench.cron_next, bench.tick
 (1,000,000 schedules), bench.claim (100,000 pending, 10,000,000 finished; WAL per run),
@@ -19,12 +29,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench import against
 
 FULL = [
     ("bench.cron_next", []),
@@ -163,13 +176,32 @@ def stampede_rows(f: dict[str, Any]) -> list[str]:
     return rows
 
 
+# The benchmarks whose cluster follows --fsync-off.
+FOLLOW_FSYNC = {"bench.dispatch", "bench.stampede", "bench.complete_pgbench"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="small sizes: a smoke run, not the README's figures")
+    parser.add_argument("--fsync-off", action="store_true",
+                        help="end to end and the database alone on clusters with fsync, "
+                             "synchronous_commit and full_page_writes off (not durable; labelled so)")
+    parser.add_argument("--against", metavar="REV",
+                        help="only the end-to-end benchmark, this tree and REV side by side "
+                             "(bench/against.py)")
+    against.add_arguments(parser, fsync_off=False)
     args = parser.parse_args()
+    if args.against:
+        if shutil.which("git") is None:
+            parser.error("--against needs git")
+        against.run(args)
+        return
     steps = QUICK if args.quick else FULL
+    if args.fsync_off:
+        steps = [(module, [*argv, "--fsync-off"] if module in FOLLOW_FSYNC else argv)
+                 for module, argv in steps]
     started = time.monotonic()
     with tempfile.NamedTemporaryFile(prefix="pgdispatch-bench-", suffix=".jsonl") as results:
         env = {**os.environ, "PGDISPATCH_BENCH_RESULTS": results.name}
@@ -188,7 +220,9 @@ def main() -> None:
     cpu = os.cpu_count()
     print(f"\n=== summary ({'QUICK: smoke sizes, ' if args.quick else ''}{cpu} CPUs; PostgreSQL, the "
           f"listeners and nginx share them; all benchmarks took "
-          f"{(time.monotonic() - started) / 60:.1f} min)\n")
+          f"{(time.monotonic() - started) / 60:.1f} min)")
+    print("end to end, stampede and the database alone on a cluster "
+          f"{figures.get('dispatch_cluster', '?')}\n")
     print("\n".join(table(figures, sizes, counts)))
 
 

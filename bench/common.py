@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -20,8 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_DIR = ROOT / ".pgdata" / "bench"
 PG_CLUSTER = str(ROOT / "scripts" / "pg-cluster")
 
-__all__ = ["SPREAD_CRON", "children", "cluster_cpu_s", "fresh_database", "median_ms", "process_cpu_s",
-           "record", "recreate_database", "start_cluster", "stop_cluster", "wait_until"]
+__all__ = ["SPREAD_CRON", "checkout", "children", "cluster_cpu_s", "cluster_dir", "cluster_kind",
+           "fresh_database", "install_revision",
+           "median_ms", "process_cpu_s", "record", "recreate_database", "start_cluster", "stop_cluster",
+           "wait_until"]
 
 # The cron expression of schedule number i in the dispatch benchmarks, as SQL for a query with
 # parameters: 1,440 distinct expressions ('m h 1 1 *': one minute of New Year's Day each, so
@@ -33,10 +39,30 @@ SPREAD_CRON = "(i %% 60) || ' ' || (i / 60 %% 24) || ' 1 1 *'"
 
 def start_cluster(data_dir: Path = CLUSTER_DIR, *, fast: bool = False) -> str:
     """Start the private cluster in data_dir (initialising it the first time: durable, or with the
-    test clusters' fast settings, fsync off, when `fast`); returns its port."""
+    test clusters' fast settings, fsync off, when `fast`); returns its port. A cluster initialised
+    the other way is refused: its figures would be labelled wrong."""
     env = {**os.environ, "PGDISPATCH_CLUSTER_FAST": "1"} if fast else None
-    return subprocess.run([PG_CLUSTER, "start", str(data_dir)], check=True, capture_output=True,
+    port = subprocess.run([PG_CLUSTER, "start", str(data_dir)], check=True, capture_output=True,
                           text=True, env=env).stdout.strip()
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres") as conn:
+        row = conn.execute("SELECT current_setting('fsync')::bool").fetchone()
+    if row != (not fast,):
+        stop_cluster(data_dir, check=False)
+        raise SystemExit(f"bench: the cluster in {data_dir} has fsync {'on' if row == (True,) else 'off'}, "
+                         f"this benchmark wants it {'off' if fast else 'on'}: remove {data_dir} or choose "
+                         "another --dir")
+    return port
+
+
+def cluster_kind(fast: bool) -> str:
+    """How a figure's cluster is labelled."""
+    return ("fsync, synchronous_commit and full_page_writes off (not durable)" if fast
+            else "durable (PostgreSQL's defaults: fsync, synchronous_commit and full_page_writes on)")
+
+
+def cluster_dir(name: str, fast: bool) -> Path:
+    """The default folder of a benchmark's private cluster: one per kind, never shared."""
+    return ROOT / ".pgdata" / (f"{name}-fsync-off" if fast else f"{name}-durable")
 
 
 def stop_cluster(data_dir: Path = CLUSTER_DIR, *, check: bool = True) -> None:
@@ -50,6 +76,37 @@ def recreate_database(port: str, name: str) -> str:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = f"postgresql://postgres@127.0.0.1:{port}/{name}"
     install(url)
+    return url
+
+
+@contextmanager
+def checkout(rev: str) -> Iterator[Path]:
+    """A temporary git worktree of `rev` (detached HEAD), removed afterwards."""
+    parent = Path(tempfile.mkdtemp(prefix="pgdispatch-rev-"))
+    path = parent / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(path), rev],
+                   check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], check=False)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def install_revision(root: Path, port: str, name: str, *, python: str = sys.executable) -> str:
+    """Recreate database `name` in the cluster on `port` and install the sql/ of the revision
+    checked out at `root`, with that revision's own installer (run by `python`, with `root`
+    first on its path); no pg_cron job is left ticking in it. Returns its URL."""
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql://postgres@127.0.0.1:{port}/{name}"
+    subprocess.run([python, "-c", "import sys; from dispatcher.migrations import install;"
+                    " install(sys.argv[1])", url],
+                   check=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                   stdout=subprocess.DEVNULL)
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+        conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE database = %s", (name,))
     return url
 
 

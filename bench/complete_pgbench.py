@@ -37,10 +37,11 @@ have exited since (counted through the postmaster's cutime/cstime once reaped), 
 the checkpointer and any autovacuum worker that ran meanwhile. The mark (tick) is reported apart.
 Afterwards all N runs must be 'ok' with N 'schedule.run.ok' audit rows, or the script fails.
 
-The private cluster lives in --dir (default .pgdata/bench-pgbench), initialised with the test
-clusters' fast settings (fsync, synchronous_commit and full_page_writes off), like
-bench/dispatch.py's: the figures are comparable with its "PostgreSQL CPU a run" (which also
-holds the mark, reported apart here), and are the database's, not the disk's (bench.claim
+The private cluster lives in --dir (default .pgdata/bench-pgbench-durable): durable, with
+PostgreSQL's defaults, like bench/dispatch.py's, so that the figures are comparable with its
+"PostgreSQL CPU a run" (which also holds the mark, reported apart here). --fsync-off uses one
+with the test clusters' fast settings (fsync, synchronous_commit and full_page_writes off,
+.pgdata/bench-pgbench-fsync-off): the database's CPU, not the disk's, labelled as such (bench.claim
 measures the WAL on a durable cluster, full-page images included). It is stopped at the end.
 The machine is shared: the CPU per run is steadier than the rates.
 """
@@ -64,6 +65,7 @@ from bench.common import (
     SPREAD_CRON,
     children,
     cluster_cpu_s,
+    cluster_dir,
     process_cpu_s,
     record,
     recreate_database,
@@ -180,7 +182,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100, help="runs a claim takes (default 100)")
     parser.add_argument("--clients", type=int, default=2,
                         help="pgbench clients (and threads), each a listener of its own (default 2)")
-    parser.add_argument("--dir", type=Path, default=ROOT / ".pgdata" / "bench-pgbench")
+    parser.add_argument("--dir", type=Path, help="the private cluster's folder (default: one per kind)")
+    parser.add_argument("--fsync-off", action="store_true",
+                        help="a cluster with fsync, synchronous_commit and full_page_writes off "
+                             "(not durable)")
     args = parser.parse_args()
     if min(args.runs, args.batch, args.clients) < 1:
         parser.error("--runs, --batch and --clients must be positive")
@@ -191,7 +196,8 @@ def main() -> None:
     exact = per_client * batch * clients == runs
     started = time.perf_counter()
 
-    port = start_cluster(args.dir, fast=True)
+    args.dir = args.dir or cluster_dir("bench-pgbench", args.fsync_off)
+    port = start_cluster(args.dir, fast=args.fsync_off)
     try:
         url = recreate_database(port, DATABASE)
 
@@ -200,9 +206,6 @@ def main() -> None:
                 "SELECT name, setting FROM pg_settings"
                 " WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'server_version')"
             ).fetchall())
-            if settings["fsync"] != "off":
-                print(f"warning: {args.dir} was initialised without PGDISPATCH_CLUSTER_FAST=1: the figures"
-                      " are not comparable with bench/dispatch.py's; remove the folder to start afresh")
             print(f"pgdispatch claim + complete with pgbench: {runs:,} runs due at once, batches of {batch}, "
                   f"{clients} clients x {per_client} batches, {os.cpu_count()} CPUs, PostgreSQL "
                   f"{settings['server_version'].split()[0]} (fsync {settings['fsync']}, synchronous_commit "

@@ -15,8 +15,10 @@ printed at the end):
   (steadier than rates on a shared machine);
 - finally a single due schedule, --single times: latency from its instant to the request.
 
-The private cluster lives in --dir (default .pgdata/bench-dispatch), started with the test
-clusters' fast settings (fsync off): the figures are the dispatcher's, not the disk's.
+The private cluster lives in --dir (default .pgdata/bench-dispatch-durable): a durable cluster
+with PostgreSQL's defaults (fsync, synchronous_commit and full_page_writes on), what a user runs.
+--fsync-off uses one with the test clusters' fast settings instead (.pgdata/bench-dispatch-fsync-off):
+the dispatcher's CPU without the disk, labelled as such.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ import psycopg
 from bench.common import (
     SPREAD_CRON,
     cluster_cpu_s,
+    cluster_dir,
+    cluster_kind,
     process_cpu_s,
     record,
     recreate_database,
@@ -115,8 +119,13 @@ async def bare_invoker(template: str, *, total: int, concurrency: int) -> float:
 
 @contextmanager
 def listeners(count: int, *, url: str, template: str, concurrency: int, log_dir: Path,
-              log_level: str, event_loop: str = "auto") -> Iterator[list[int]]:
-    """`count` real listener processes, each with --concurrency (and --event-loop); yields their pids."""
+              log_level: str, event_loop: str | None = "auto",
+              command: Path | None = None) -> Iterator[list[int]]:
+    """`count` real listener processes, each with --concurrency (and --event-loop, unless None: a
+    revision older than that flag); yields their pids. `command`: the pgdispatch to run (default
+    the one beside this Python)."""
+    program = str(command or Path(sys.executable).parent / "pgdispatch")
+    loop_flag = [] if event_loop is None else ["--event-loop", event_loop]
     processes: list[subprocess.Popen[bytes]] = []
     started = time.strftime("%H%M%S")
     logs = [log_dir / f"listener-{started}-{n + 1}-of-{count}.log" for n in range(count)]
@@ -124,9 +133,9 @@ def listeners(count: int, *, url: str, template: str, concurrency: int, log_dir:
         for n, log_path in enumerate(logs):
             with log_path.open("wb") as log:
                 processes.append(subprocess.Popen(
-                    [str(Path(sys.executable).parent / "pgdispatch"), "listen", "--database-url", url,
+                    [program, "listen", "--database-url", url,
                      "--invoke-url", template, "--concurrency", str(concurrency), "--sweep-interval", "60",
-                     "--worker-id", f"bench-{n}", "--log-level", log_level, "--event-loop", event_loop],
+                     "--worker-id", f"bench-{n}", "--log-level", log_level, *loop_flag],
                     stderr=log, env={**os.environ, "PGDISPATCH_SIGNING_SECRET": "bench-secret"},
                 ))
         for log_path in logs:
@@ -216,16 +225,18 @@ def single_latency(db: psycopg.Connection, sink: NginxSink, trials: int) -> list
 
 
 def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, rounds: int, single: int,
-            data_dir: Path, log_level: str = "info", profile: bool = False) -> dict[str, float]:
+            data_dir: Path, log_level: str = "info", profile: bool = False,
+            fast: bool = False) -> dict[str, float]:
     """Run the benchmark, print its figures, return the medians by name."""
-    port = start_cluster(data_dir, fast=True)
+    port = start_cluster(data_dir, fast=fast)
     results: dict[str, float] = {}
     try:
         url = recreate_database(port, DATABASE)
         with NginxSink() as sink, psycopg.connect(url, autocommit=True) as db:
             print(f"dispatch: {'/'.join(map(str, runs))} slots due at once, "
                   f"{'/'.join(map(str, listener_counts))} listener(s) with concurrency {concurrency} each, "
-                  f"nginx sink; {os.cpu_count()} CPUs shared by PostgreSQL, sink and listeners")
+                  f"nginx sink; {os.cpu_count()} CPUs shared by PostgreSQL, sink and listeners; "
+                  f"cluster {cluster_kind(fast)}")
             db.execute(
                 "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
                 f" SELECT 'bench', 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
@@ -250,7 +261,9 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
                 sink.arrivals(20_000)
                 print(f"round {round_no}: bare aiohttp loop {bare['aiohttp'][-1]:,.0f} requests/s, "
                       f"bare listener HTTP stack {bare['invoker'][-1]:,.0f} requests/s")
-                for loop, counts, sizes in loops:
+                # The order alternates from round to round: what runs first in a round runs on a
+                # table the previous round's runs left for autovacuum, and measured slower.
+                for loop, counts, sizes in (loops if round_no % 2 else loops[::-1]):
                     for count in counts:
                         with listeners(count, url=url, template=sink.template, concurrency=concurrency,
                                        log_dir=data_dir, log_level=log_level, event_loop=loop) as pids:
@@ -310,7 +323,7 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
                       f"max {results['single_max']:.1f} ms")
     finally:
         stop_cluster(data_dir, check=False)
-    record(**results)
+    record(dispatch_cluster=cluster_kind(fast), **results)
     return results
 
 
@@ -322,7 +335,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--single", type=int, default=20, help="single-schedule latency trials")
-    parser.add_argument("--dir", type=Path, default=ROOT / ".pgdata" / "bench-dispatch")
+    parser.add_argument("--dir", type=Path, help="the private cluster's folder (default: one per kind)")
+    parser.add_argument("--fsync-off", action="store_true",
+                        help="a cluster with fsync, synchronous_commit and full_page_writes off "
+                             "(not durable)")
     parser.add_argument("--log-level", default="info", help="the listeners' log level (default info)")
     parser.add_argument("--profile", action="store_true",
                         help="then one more run with py-spy sampling the listener, summarised")
@@ -330,7 +346,8 @@ def main() -> None:
     measure(runs=[int(n) for n in args.runs.split(",")],
             listener_counts=[int(n) for n in args.listeners.split(",")],
             concurrency=args.concurrency, rounds=args.rounds, single=args.single,
-            data_dir=args.dir, log_level=args.log_level, profile=args.profile)
+            data_dir=args.dir or cluster_dir("bench-dispatch", args.fsync_off), log_level=args.log_level,
+            profile=args.profile, fast=args.fsync_off)
 
 
 if __name__ == "__main__":

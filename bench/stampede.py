@@ -15,6 +15,10 @@ listener, ≤ 12 s with two; RSS ≤ 150 MB; no lease expiring.
 (track = all, so the statements inside dispatch's functions count too), and after each listener
 round the statements that took the most time are printed, in microseconds a run. The profiler
 costs time of its own: the figures of such a run are not the results table's.
+
+The private cluster (--dir, default .pgdata/bench-stampede-durable) is durable, with PostgreSQL's
+defaults; --fsync-off uses one with fsync, synchronous_commit and full_page_writes off
+(.pgdata/bench-stampede-fsync-off), labelled as such.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.common import record, recreate_database, start_cluster, stop_cluster
+from bench.common import cluster_dir, cluster_kind, record, recreate_database, start_cluster, stop_cluster
 from bench.dispatch import end_to_end, listeners
 from bench.sink import NginxSink
 
@@ -91,19 +95,20 @@ def print_statements(db: psycopg.Connection, runs: int, top: int = 14) -> None:
 
 
 def measure(*, schedules: int, listener_counts: list[int], concurrency: int, data_dir: Path,
-            log_level: str = "info", statements: bool = False) -> dict[str, float]:
-    port = start_cluster(data_dir, fast=True)
+            log_level: str = "info", statements: bool = False, fast: bool = False) -> dict[str, float]:
+    port = start_cluster(data_dir, fast=fast)
     if statements:
         set_statements_profile(port, True)
         stop_cluster(data_dir)
-        port = start_cluster(data_dir, fast=True)
+        port = start_cluster(data_dir, fast=fast)
         set_statements_profile(port, True)
     results: dict[str, float] = {}
     try:
         url = recreate_database(port, DATABASE)
         with NginxSink() as sink, psycopg.connect(url, autocommit=True) as db:
             print(f"stampede: {schedules:,} schedules on '0 * * * *', no jitter, all due at one instant; "
-                  f"nginx sink; {os.cpu_count()} CPUs shared by PostgreSQL, sink and listeners")
+                  f"nginx sink; {os.cpu_count()} CPUs shared by PostgreSQL, sink and listeners; "
+                  f"cluster {cluster_kind(fast)}")
             db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
                        " SELECT 'bench', 'sink', '0 * * * *', jsonb_build_object('i', i)"
                        " FROM generate_series(1, %s) i", (schedules,))
@@ -145,7 +150,7 @@ def measure(*, schedules: int, listener_counts: list[int], concurrency: int, dat
         stop_cluster(data_dir, check=False)
     if statements:
         return results  # the profiler's figures are not the results table's
-    record(stampede_schedules=schedules, **results)
+    record(stampede_schedules=schedules, stampede_cluster=cluster_kind(fast), **results)
     return results
 
 
@@ -155,14 +160,17 @@ def main() -> None:
     parser.add_argument("--schedules", type=int, default=100_000)
     parser.add_argument("--listeners", default="1,2", help="listener processes, comma-separated counts")
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--dir", type=Path, default=ROOT / ".pgdata" / "bench-stampede")
+    parser.add_argument("--dir", type=Path, help="the private cluster's folder (default: one per kind)")
+    parser.add_argument("--fsync-off", action="store_true",
+                        help="a cluster with fsync, synchronous_commit and full_page_writes off "
+                             "(not durable)")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--statements", action="store_true",
                         help="profile the database's statements with pg_stat_statements (see above)")
     args = parser.parse_args()
     measure(schedules=args.schedules, listener_counts=[int(n) for n in args.listeners.split(",")],
-            concurrency=args.concurrency, data_dir=args.dir, log_level=args.log_level,
-            statements=args.statements)
+            concurrency=args.concurrency, data_dir=args.dir or cluster_dir("bench-stampede", args.fsync_off),
+            log_level=args.log_level, statements=args.statements, fast=args.fsync_off)
 
 
 if __name__ == "__main__":

@@ -1982,10 +1982,9 @@ CREATE FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[]) RET
     SELECT array_agg(l.id)
     FROM (SELECT x.id
           FROM dispatch.runs x
-          JOIN unnest(_take_running.run_ids, _take_running.attempts) AS i(id, attempt)
-            ON x.id = i.id AND x.attempt = i.attempt
           JOIN dispatch.schedules s ON s.id = x.schedule_id
-          WHERE x.id = ANY (_take_running.run_ids) AND x.status = 'running'
+          WHERE x.id = ANY (_take_running.run_ids) AND x.status || '' = 'running'
+            AND x.attempt = _take_running.attempts[array_position(_take_running.run_ids, x.id)]
           FOR UPDATE OF x SKIP LOCKED
           FOR NO KEY UPDATE OF s SKIP LOCKED) l
 $$;

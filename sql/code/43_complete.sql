@@ -55,7 +55,13 @@ $$;
 -- given, each with its schedule, locked without waiting (invariant 3). Found by id whatever the
 -- statistics say, like dispatch._start_runs and for the same reason (a plan made on a runs table
 -- the statistics took for empty scanned it whole at each call): without plain index scans, a
--- bitmap scan of the primary key, or of the running runs' index (a listener's few hundred).
+-- bitmap scan of the primary key. Not of the running runs' index, which the planner prefers
+-- when it may: a bitmap scan never marks an index entry dead, and each run that finished since
+-- the last vacuum leaves one there, so every call read the heap pages of all of them (8 blocks
+-- a run after 10,000 runs, growing until autovacuum came by). Hence `status || ''`, which that
+-- index's predicate does not cover. The attempts are matched by position, not by a join with
+-- the arrays on id: under those statistics, the planner answered such a join with a scan of the
+-- whole of runs_slot_key rather than the primary key (tests/test_runs.py).
 CREATE OR REPLACE FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[])
 RETURNS bigint[]
 LANGUAGE sql
@@ -67,10 +73,9 @@ AS $$
     SELECT array_agg(l.id)
     FROM (SELECT x.id
           FROM dispatch.runs x
-          JOIN unnest(_take_running.run_ids, _take_running.attempts) AS i(id, attempt)
-            ON x.id = i.id AND x.attempt = i.attempt
           JOIN dispatch.schedules s ON s.id = x.schedule_id
-          WHERE x.id = ANY (_take_running.run_ids) AND x.status = 'running'
+          WHERE x.id = ANY (_take_running.run_ids) AND x.status || '' = 'running'
+            AND x.attempt = _take_running.attempts[array_position(_take_running.run_ids, x.id)]
           FOR UPDATE OF x SKIP LOCKED
           FOR NO KEY UPDATE OF s SKIP LOCKED) l
 $$;

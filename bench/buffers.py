@@ -1,0 +1,173 @@
+"""Buffer accesses per dispatched run, statement by statement, for this revision and another.
+
+    .venv/bin/python -m bench.buffers [--against 3b94f50] [--runs 10000] [--batch 64] [--explain]
+
+Deterministic where the rates are not: on a durable private cluster (PostgreSQL's defaults,
+.pgdata/bench-buffers) with pg_stat_statements (track = all, so the statements inside dispatch's
+functions count too), each revision gets a database of its own with its own sql/ installed
+(the other revision's from a temporary git worktree), the same --runs schedules
+(bench.common.SPREAD_CRON) due at one instant, marked by one dispatch.tick(); then, as the
+listener does, claim_runs(worker, --batch, lease) and complete_runs for what it returned, each
+its own transaction, until nothing is pending. Printed for each revision: shared blocks hit
+(and read, dirtied) per run by statement, nested ones included (they are part of their callers'
+figures too), and the totals of the top-level calls. --explain also prints the plans of one
+claim and one completion, nested statements included (auto_explain, ANALYZE and BUFFERS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.common import SPREAD_CRON, checkout, install_revision, start_cluster, stop_cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA_DIR = ROOT / ".pgdata" / "bench-buffers"
+
+__all__ = ["ensure_statements", "measure"]
+
+
+def ensure_statements(port: str, data_dir: Path = DATA_DIR, *, fast: bool = False) -> str:
+    """pg_stat_statements loaded with track = all in the cluster of data_dir (restarting it once
+    if needed); returns its port."""
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+        loaded = conn.execute("SELECT count(*) FROM pg_settings WHERE name = 'pg_stat_statements.track'"
+                              ).fetchone() == (1,)
+        if not loaded:
+            conn.execute("ALTER SYSTEM SET shared_preload_libraries = pg_cron, pg_stat_statements")
+    if not loaded:
+        stop_cluster(data_dir)
+        port = start_cluster(data_dir, fast=fast)
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'")
+        conn.execute("ALTER SYSTEM SET pg_stat_statements.max = 10000")
+        conn.execute("SELECT pg_reload_conf()")
+    return port
+
+
+def signature(db: psycopg.Connection) -> int:
+    """How many arguments complete_runs takes in this revision (6: no fencing attempts)."""
+    row = db.execute("SELECT max(pronargs) FROM pg_proc WHERE proname = 'complete_runs'"
+                     " AND pronamespace = 'dispatch'::regnamespace").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def claim(db: psycopg.Connection, batch: int) -> list[tuple[int, int]]:
+    return [(r[0], r[1]) for r in db.execute(
+        "SELECT run_id, attempt FROM dispatch.claim_runs('bench-buffers', %s, '60 seconds')", (batch,)
+    ).fetchall()]
+
+
+def complete(db: psycopg.Connection, runs: list[tuple[int, int]], nargs: int) -> None:
+    ids = [run_id for run_id, _ in runs]
+    n = len(runs)
+    if nargs == 6:
+        db.execute("SELECT count(*) FROM dispatch.complete_runs('bench-buffers', %s::bigint[], %s::text[],"
+                   " %s::text[], %s::integer[], %s::integer[])",
+                   (ids, ["ok"] * n, [None] * n, [200] * n, [5] * n))
+    else:
+        db.execute("SELECT count(*) FROM dispatch.complete_runs('bench-buffers', %s::bigint[], %s::integer[],"
+                   " %s::text[], %s::text[], %s::integer[], %s::integer[], NULL, NULL)",
+                   (ids, [a for _, a in runs], ["ok"] * n, [None] * n, [200] * n, [5] * n))
+
+
+def explain_one_batch(db: psycopg.Connection, batch: int, nargs: int) -> None:
+    """One claim and one completion with every plan (nested ones included) printed."""
+    notices: list[str] = []
+    db.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+    db.execute("LOAD 'auto_explain'")
+    for name, value in (("log_min_duration", "0"), ("log_analyze", "on"), ("log_buffers", "on"),
+                        ("log_nested_statements", "on"), ("log_timing", "off"), ("log_level", "notice")):
+        db.execute(f"SET auto_explain.{name} = {value}")
+    runs = claim(db, batch)
+    print(f"\n  ---- plans of claim_runs(..., {batch}) ----")
+    print("\n".join(notices))
+    notices.clear()
+    complete(db, runs, nargs)
+    print(f"\n  ---- plans of complete_runs({len(runs)} runs) ----")
+    print("\n".join(notices))
+    db.execute("SET auto_explain.log_min_duration = -1")
+
+
+def measure_revision(label: str, url: str, *, runs: int, batch: int, explain: bool) -> dict[str, Any]:
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        nargs = signature(db)
+        db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
+                   f" SELECT 'bench', 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
+                   " FROM generate_series(1, %s) i", (runs,))
+        db.execute("UPDATE dispatch.schedules"
+                   " SET next_run_at = date_trunc('minute', now()) - interval '1 minute'")
+        db.execute("VACUUM ANALYZE dispatch.schedules")
+        row = db.execute("SELECT dispatch.tick()").fetchone()
+        assert row == (runs,), row
+        db.execute("VACUUM ANALYZE dispatch.runs")
+        db.execute("CHECKPOINT")
+        if explain:
+            explain_one_batch(db, batch, nargs)
+        db.execute("SELECT pg_stat_statements_reset()")
+        done = 0
+        while batch_runs := claim(db, batch):
+            complete(db, batch_runs, nargs)
+            done += len(batch_runs)
+        stats = db.execute(
+            "SELECT toplevel, calls, shared_blks_hit, shared_blks_read, shared_blks_dirtied, wal_bytes,"
+            " left(regexp_replace(query, '\\s+', ' ', 'g'), 110)"
+            " FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            "  AND query NOT LIKE '%%pg_stat_statements%%'"
+            " ORDER BY shared_blks_hit DESC").fetchall()
+    print(f"\n{label}: {done:,} runs claimed ({batch} a claim) and completed; blocks a run by statement"
+          " (track = all: nested statements are in their callers' figures too)")
+    print(f"  {'level':6} {'calls':>7} {'hit/run':>8} {'read/run':>8} {'dirt/run':>8} {'WAL B/run':>9}"
+          "  query")
+    total_hit = 0.0
+    for toplevel, calls, hit, read, dirtied, wal, query in stats:
+        if toplevel:
+            total_hit += hit / done
+        if hit / done < 0.05 and not toplevel:
+            continue
+        print(f"  {'top' if toplevel else 'nested':6} {calls:>7,} {hit / done:8.2f} {read / done:8.2f}"
+              f" {dirtied / done:8.2f} {float(wal) / done:9.0f}  {query}")
+    print(f"  top-level statements: {total_hit:.1f} blocks hit a run")
+    return {"runs": done, "hit_per_run": total_hit, "stats": stats}
+
+
+def measure(*, against: str | None, runs: int, batch: int, explain: bool) -> None:
+    port = ensure_statements(start_cluster(DATA_DIR))
+    try:
+        if against is not None:
+            with checkout(against) as other:
+                url = install_revision(other, port, "bench_buffers_other")
+                measure_revision(f"{against}", url, runs=runs, batch=batch, explain=explain)
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        if subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                          check=True, capture_output=True, text=True).stdout.strip():
+            head += "+changes"
+        url = install_revision(ROOT, port, "bench_buffers_this")
+        measure_revision(f"this tree ({head})", url, runs=runs, batch=batch, explain=explain)
+    finally:
+        stop_cluster(DATA_DIR, check=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against", metavar="REV", help="measure this git revision too, first")
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--batch", type=int, default=64,
+                        help="runs a claim takes (the listener's concurrency)")
+    parser.add_argument("--explain", action="store_true",
+                        help="print the plans of one claim and one completion (auto_explain)")
+    args = parser.parse_args()
+    measure(against=args.against, runs=args.runs, batch=args.batch, explain=args.explain)
+
+
+if __name__ == "__main__":
+    main()
