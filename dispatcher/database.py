@@ -6,6 +6,15 @@ by default, and a URL may set its own values (`with_liveness`). Every call is al
 (`asyncio.timeout`): a call that gets no answer fails as DatabaseUnavailable, its connection is
 discarded, and the caller retries on a new one.
 
+Every client deadline is a server deadline too (invariant 9): a call the listener gives up on
+must not go on waiting for a lock on the server and commit a claim, a completion or a tick
+later. Each call runs in a transaction of its own whose `statement_timeout` (and
+`lock_timeout`) is what is left of the call's bound, less SERVER_MARGIN_S, set with SET LOCAL in
+the same round trip (a pipeline): per transaction, so that it holds through a transaction
+pooler, and bounding the statement as a whole, not each lock wait. A call cancelled at its
+deadline also sends the server a cancel request, fire and forget, before its connection is
+closed.
+
 Errors come in two kinds. DatabaseUnavailable: the database is down, unreachable or slow to
 answer; wait and retry. DatabaseMisconfigured: it answered, and the answer will not change by
 waiting (a wrong password, no such database or role, no pg_hba.conf entry, the dispatch schema
@@ -15,6 +24,7 @@ missing or too old for this listener): say so once and stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -23,8 +33,9 @@ from typing import Any, NamedTuple
 
 import psycopg
 import psycopg.conninfo
-from psycopg import errors, pq, waiting
+from psycopg import errors, generators, pq, waiting
 from psycopg.abc import RV, PQGen
+from psycopg.pq.abc import PGcancelConn
 from psycopg.rows import AsyncRowFactory, Row, dict_row, tuple_row
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
@@ -68,6 +79,12 @@ CONNECTION_WAIT_S = 5.0
 # been idle for longer than this: a busy listener would otherwise pay a round trip per call. A
 # connection that broke meanwhile fails its call, which the callers already retry.
 CHECK_AFTER_IDLE_S = 1.0
+# The server gives a statement up this much before the listener would: its error, not a silent
+# cancel, is what the listener sees, and nothing commits after the listener stopped waiting.
+SERVER_MARGIN_S = 0.25
+# A cancel request sent when a call is given up is not waited for longer than this.
+CANCEL_TIMEOUT_S = 2.0
+_BOUND = "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)"
 _COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 _CLAIM = (
     "SELECT run_id, schedule_id, project_id, function_name, args, request_id, scheduled_for, attempt,"
@@ -87,14 +104,41 @@ _MISCONFIGURED = (
 )
 
 
+_cancelling: set[asyncio.Task[None]] = set()  # cancel requests under way (fire and forget)
+
+
+async def _send_cancel(cancel: PGcancelConn) -> None:
+    try:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CANCEL_TIMEOUT_S):
+                await waiting.wait_conn_async(generators.cancel(cancel), interval=0.1)
+    finally:
+        cancel.finish()
+
+
+def _cancel_in_background(pgconn: pq.abc.PGconn) -> None:
+    """Ask the server to cancel what `pgconn` is running, without waiting for the answer: on a
+    path that died the request goes nowhere, and the statement's own timeout ends it."""
+    if not psycopg.capabilities.has_cancel_safe():
+        return  # libpq < 17 can only cancel blocking; statement_timeout still ends the statement
+    try:
+        cancel = pgconn.cancel_conn()
+        cancel.start()
+    except psycopg.Error:
+        return
+    task = asyncio.get_running_loop().create_task(_send_cancel(cancel), name="pgdispatch-cancel")
+    _cancelling.add(task)
+    task.add_done_callback(_cancelling.discard)
+
+
 class LiveConnection(psycopg.AsyncConnection[Any]):
     """psycopg's connection, except for what a cancelled call does.
 
     psycopg answers a call cancelled while the server works on it by sending a cancel request
     and then waiting up to 5 s more for the query to end, to keep the connection usable. Here a
-    cancelled call is a deadline that passed, most likely on a path that died silently: the
-    connection is closed at once instead (the pool then replaces it), so that a dead path costs
-    each call its deadline and nothing more."""
+    cancelled call is a deadline that passed, most likely on a path that died silently: a cancel
+    request is sent without waiting for it, and the connection is closed at once (the pool then
+    replaces it), so that a dead path costs each call its deadline and nothing more."""
 
     async def wait(self, gen: PQGen[RV], interval: float = 0.1,
                    timeout: float | None = None) -> RV:  # noqa: ASYNC109 (psycopg's signature)
@@ -102,6 +146,7 @@ class LiveConnection(psycopg.AsyncConnection[Any]):
             return await waiting.wait_async(gen, self.pgconn.socket, interval=interval, timeout=timeout)
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
             if self.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+                _cancel_in_background(self.pgconn)
                 self.pgconn.finish()  # its state is unknown: it is never used again
             raise
 
@@ -136,6 +181,23 @@ async def _load_as_text(conn: LiveConnection) -> None:
     schedule id is only ever sent on as text."""
     for type_name in ("jsonb", "uuid"):
         conn.adapters.register_loader(type_name, TextLoader)
+
+
+def _server_bound(deadline: float) -> str:
+    """statement_timeout for a statement that must end by `deadline` (time.monotonic())."""
+    left_s = deadline - time.monotonic()
+    return f"{max(1, int((left_s - min(SERVER_MARGIN_S, left_s / 4)) * 1000))}ms"
+
+
+async def _bounded(conn: LiveConnection, query: str, params: tuple[Any, ...],
+                   row_factory: AsyncRowFactory[Row], deadline: float) -> list[Row]:
+    """`query` in a transaction of its own that the server ends by `deadline`; one round trip."""
+    bound = _server_bound(deadline)
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(_BOUND, (bound, bound))
+        cursor = conn.cursor(row_factory=row_factory)
+        await cursor.execute(query, params)
+    return await cursor.fetchall()
 
 
 class Recorded(NamedTuple):
@@ -286,14 +348,13 @@ class Database:
     async def _rows(self, query: str, params: tuple[Any, ...], row_factory: AsyncRowFactory[Row], *,
                     timeout_s: float | None = None) -> list[Row]:
         limit = timeout_s or self._call_timeout_s
+        deadline = time.monotonic() + limit
         try:
             # The bound covers waiting for a connection, checking it and the statement: a call on
             # a path that died silently is cancelled (psycopg then closes that connection).
             async with asyncio.timeout(limit):
                 async with self.pool.connection(timeout=min(CONNECTION_WAIT_S, limit)) as conn:
-                    cursor = conn.cursor(row_factory=row_factory)
-                    await cursor.execute(query, params)
-                    rows = await cursor.fetchall()
+                    rows = await _bounded(conn, query, params, row_factory, deadline)
                     self._last_used[conn] = time.monotonic()
         except TimeoutError:
             self._failing = True
