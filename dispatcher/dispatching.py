@@ -141,22 +141,27 @@ class Dispatcher:
             self._budget.started()
             if run.attempt == 1:  # a retry is late by its back-off, on purpose
                 self._metrics.sent(run.fire_at or run.scheduled_for)
+            submitted = False
             try:
-                outcome = await self._invoker.invoke(run)
-            except asyncio.CancelledError:
-                self._budget.abandoned()
-                raise
-            except Exception:  # a bug in invoking one run must not take a worker away
-                logger.exception("run %s: unexpected error", run.run_id,
-                                 extra={"event": "worker_error", "run_id": run.run_id})
-                self._budget.abandoned()
-                self._slot_freed.set()
-                continue
+                try:
+                    outcome = await self._invoker.invoke(run)
+                except Exception:  # a bug in invoking one run must not take a worker away
+                    logger.exception("run %s: unexpected error", run.run_id,
+                                     extra={"event": "worker_error", "run_id": run.run_id})
+                    continue
+                self._metrics.finished(outcome.status, outcome.duration_ms / 1000)
+                self._completer.submit(run, outcome)
+                submitted = True
             finally:
+                # However the invocation ended (cancelled, a bug, a leaked CancelledError), its
+                # share of the budget comes back, and the claimer, which may be waiting for it,
+                # hears so.
+                if submitted:
+                    self._budget.invoked(outcome.duration_ms / 1000)
+                else:
+                    self._budget.abandoned()
+                    self._slot_freed.set()
                 self.invocation_ended.set()
-            self._budget.invoked(outcome.duration_ms / 1000)
-            self._metrics.finished(outcome.status, outcome.duration_ms / 1000)
-            self._completer.submit(run, outcome)
 
     # -- handing back ---------------------------------------------------------------------------
 
