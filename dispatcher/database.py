@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -54,6 +55,8 @@ __all__ = [
     "with_liveness",
 ]
 
+logger = logging.getLogger(__name__)
+
 # The schema this listener is written for: dispatch.migrations must reach this version.
 SCHEMA_VERSION = 16
 # Liveness defaults for every connection (libpq parameters; a URL that sets one wins): an idle
@@ -71,6 +74,9 @@ LIVENESS = {
 # hour's stampede (100,000 slots take about 2 s), the rest are small batches.
 CALL_TIMEOUT_S = 5.0
 TICK_TIMEOUT_S = 30.0
+# While calls fail for want of a connection, the database is probed directly this often; once
+# it answers, the pool is started over (see Database.heal).
+HEAL_PROBE_S = 1.0
 # A pooled connection idle for a while is checked before use (one round trip), within this.
 CHECK_TIMEOUT_S = 2.0
 # How long a call waits for a pooled connection before the database counts as unavailable.
@@ -286,6 +292,7 @@ class Database:
         self._pool_size = pool_size
         self._last_used: weakref.WeakKeyDictionary[LiveConnection, float] = weakref.WeakKeyDictionary()
         self._failing = False  # a call failed for want of the database since the last one that did not
+        self._failing_now = asyncio.Event()  # set while _failing: wakes heal()
         self._closing: set[asyncio.Task[None]] = set()
         self.pool = self._new_pool()
 
@@ -310,13 +317,45 @@ class Database:
         keep a listener idle for seconds after the database came back. True if it did."""
         if not self._failing:
             return False
-        self._failing = False
+        self._set_failing(False)
         old, self.pool = self.pool, self._new_pool()
         await self.pool.open(wait=False)
         closing = asyncio.create_task(old.close(timeout=CONNECTION_WAIT_S), name="pgdispatch-pool-close")
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
         return True
+
+    def _set_failing(self, failing: bool) -> None:
+        self._failing = failing
+        if failing:
+            self._failing_now.set()
+        else:
+            self._failing_now.clear()
+
+    async def heal(self) -> None:
+        """While calls fail for want of the database, probe it with a direct connection every
+        HEAL_PROBE_S and start over with a new pool (reopen_if_failing) as soon as it answers.
+
+        psycopg_pool retries a lost connection after 1, 2, 4, 8, ... s with no cap: after a
+        33 s outage its next attempt came 24 s after the path was back. The LISTEN session's
+        reconnect starts a new pool too, but LISTEN may take another path (direct, while the
+        pool goes through PgBouncer) that never went down. This bounds the pool's recovery at
+        about a probe interval plus a connect, whatever the outage's length. Runs as long as
+        the listener does."""
+        while True:
+            await self._failing_now.wait()
+            await asyncio.sleep(HEAL_PROBE_S)
+            if not self._failing:
+                continue
+            try:
+                conn = await connect(self._conninfo, application_name=self._application_name,
+                                     timeout_s=self._call_timeout_s)
+            except (DatabaseUnavailable, DatabaseMisconfigured):
+                continue  # still down (a configuration error is the calls' to report)
+            await conn.close()
+            if await self.reopen_if_failing():
+                logger.info("the database answers again: starting the connection pool over",
+                            extra={"event": "database_pool_reopened"})
 
     async def _check_connection(self, conn: LiveConnection) -> None:
         if time.monotonic() - self._last_used.get(conn, float("-inf")) > CHECK_AFTER_IDLE_S:
@@ -349,23 +388,31 @@ class Database:
                     timeout_s: float | None = None) -> list[Row]:
         limit = timeout_s or self._call_timeout_s
         deadline = time.monotonic() + limit
+        pool = self.pool
         try:
             # The bound covers waiting for a connection, checking it and the statement: a call on
             # a path that died silently is cancelled (psycopg then closes that connection).
             async with asyncio.timeout(limit):
-                async with self.pool.connection(timeout=min(CONNECTION_WAIT_S, limit)) as conn:
+                async with pool.connection(timeout=min(CONNECTION_WAIT_S, limit)) as conn:
                     rows = await _bounded(conn, query, params, row_factory, deadline)
                     self._last_used[conn] = time.monotonic()
         except TimeoutError:
-            self._failing = True
+            self._set_failing(True)
             raise DatabaseUnavailable(f"no answer from the database within {limit:g} s") from None
-        except (PoolTimeout, PoolClosed) as exc:
-            self._failing = True
+        except PoolClosed as exc:
+            # A pool that heal() replaced closes with calls still waiting on it: not a new failure.
+            self._set_failing(self._failing or pool is self.pool)
+            raise DatabaseUnavailable(_one_line(exc)) from exc
+        except PoolTimeout as exc:
+            self._set_failing(True)
             raise DatabaseUnavailable(_one_line(exc)) from exc
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            self._failing = True
+            # An error the server sent (a statement or lock timeout: its path works) is no
+            # reason to start the pool over; a connection-level one (no SQLSTATE) is.
+            self._set_failing(getattr(exc, "sqlstate", None) is None)
             raise classify(exc) from exc
-        self._failing = False
+        if self._failing:
+            self._set_failing(False)
         self._on_success()
         return rows
 

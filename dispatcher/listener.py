@@ -223,6 +223,7 @@ class Listener:
             spawn(self._completer.run(), "pgdispatch-completion-writer")
             spawn(self._completer.retry(), "pgdispatch-completion-retry")
             spawn(dispatcher.releaser(), "pgdispatch-release")
+            spawn(self._db.heal(), "pgdispatch-pool-heal")
             for i in range(settings.concurrency):
                 spawn(dispatcher.worker(), f"pgdispatch-worker-{i}")
             claimer = spawn(dispatcher.claim_loop(), "pgdispatch-claim")
