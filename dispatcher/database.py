@@ -92,10 +92,9 @@ SERVER_MARGIN_S = 0.25
 CANCEL_TIMEOUT_S = 2.0
 _BOUND = "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)"
 _COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-_CLAIM = (
-    "SELECT run_id, schedule_id, project_id, function_name, args, request_id, scheduled_for, attempt,"
-    " lease_until, timeout, fire_at FROM dispatch.claim_runs(%s, %s, %s, %s)"
-)
+# Every column, read by position: kind (the twelfth) is there only once the install that added it
+# has run, and a listener must keep working on the install before.
+_CLAIM = "SELECT * FROM dispatch.claim_runs(%s, %s, %s, %s)"
 # What a server (or libpq) says when waiting will not help: the configuration is wrong.
 # Connection failures carry no SQLSTATE, so the message is all there is; an unrecognised
 # failure counts as transient, and the listener waits for the database as before.
@@ -426,14 +425,16 @@ class Database:
         rows = await self._rows(_CLAIM, (self._worker_id, max_runs, timedelta(seconds=lease_s),
                                          timedelta(seconds=timeout_s)), tuple_row)
         runs = []
-        for (run_id, schedule_id, project_id, function_name, args_json, request_id, scheduled_for, attempt,
-             lease_until, timeout, fire_at) in rows:
+        for row in rows:
+            (run_id, schedule_id, project_id, function_name, args_json, request_id, scheduled_for, attempt,
+             lease_until, timeout, fire_at) = row[:11]
             run_timeout_s = timeout.total_seconds() if timeout is not None else timeout_s
             runs.append(Run(run_id=run_id, schedule_id=schedule_id, project_id=project_id,
                             function_name=function_name, args_json=args_json, request_id=request_id,
                             scheduled_for=scheduled_for, attempt=attempt, lease_until=lease_until,
                             lease_deadline=started + lease_s + run_timeout_s - timeout_s,
-                            timeout_s=run_timeout_s, fire_at=fire_at))
+                            timeout_s=run_timeout_s, fire_at=fire_at,
+                            kind=row[11] if len(row) > 11 else None))
         return runs
 
     def _complete_params(self, run: Run, outcome: Outcome) -> tuple[Any, ...]:

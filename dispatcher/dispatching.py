@@ -139,7 +139,9 @@ class Dispatcher:
                 self._hand_back(run)
                 continue
             self._budget.started()
-            if run.attempt == 1:  # a retry is late by its back-off, on purpose
+            # A retry is late by its back-off, and a backfill or manual run has no instant it was
+            # due at (a backfill's fire_at is a slot of the past), on purpose: neither is latency.
+            if run.attempt == 1 and run.kind in ("scheduled", None):
                 self._metrics.sent(run.fire_at or run.scheduled_for)
             submitted = False
             try:

@@ -85,6 +85,7 @@ class Listener:
         self.ready = asyncio.Event()  # LISTEN is active and a sweep has run since
         self.metrics = Metrics()
         self._lost_seen: int | None = None  # the audit row of the last lost run counted
+        self._counting_lost = False
         self._stopping = asyncio.Event()
         self._force = asyncio.Event()
         self._stopped = False
@@ -95,7 +96,8 @@ class Listener:
                             worker_id=settings.worker_id, pool_size=settings.pool_size,
                             on_success=self._database_answered)
         self._clock = Clock(self._db, sweep_interval_s=settings.sweep_interval_s,
-                            listening=lambda: self._notifications.listening, on_tick=self._ticked)
+                            listening=lambda: self._notifications.listening, on_tick=self._ticked,
+                            on_marked=self._marked)
         self._notifications = Notifications(
             settings.listen_database_url, application_name=settings.application_name,
             on_notify=self._notified, on_connected=self._clock.request_sweep,
@@ -148,8 +150,13 @@ class Listener:
         elif self._dispatcher is not None:
             self._dispatcher.wake()
 
+    def _marked(self, marked: int) -> None:
+        """A chunk of a tick marked runs: claim them now, before the tick is over."""
+        if self._dispatcher is not None:
+            self._dispatcher.wake()
+
     def _ticked(self, marked: int, sweep: bool, listened: bool) -> None:
-        self.metrics.ticked()
+        self.metrics.ticked()  # only a whole tick, the one that expires leases, counts
         if marked:
             logger.debug("tick marked %d run%s", marked, "" if marked == 1 else "s",
                          extra={"event": "tick", "marked": marked, "sweep": sweep})
@@ -162,11 +169,18 @@ class Listener:
 
     async def _count_lost_runs(self) -> None:
         """pgdispatch_runs_lost_total: the runs that ended lost since the last sweep (the first
-        sweep only learns where to start)."""
+        sweep only learns where to start). One count at a time: two that overlapped would both
+        read from the same audit row and count the same runs twice; a sweep that finds one under
+        way leaves it to the next."""
+        if self._counting_lost:
+            return
+        self._counting_lost = True
         try:
             lost, last_id = await self._db.lost_runs_after(self._lost_seen)
         except DatabaseUnavailable:
             return  # the next sweep looks again; the outage is reported elsewhere
+        finally:
+            self._counting_lost = False
         if self._lost_seen is not None and lost:
             self.metrics.lost.inc(lost)
         self._lost_seen = last_id
