@@ -188,21 +188,27 @@ class Dispatcher:
                 await self.release(runs, reason="queued until too little of its lease was left")
 
     async def release(self, runs: list[Run], *, reason: str) -> int:
-        """release_runs; any failure is logged (the runs' leases expire), never raised."""
+        """release_runs; any failure is logged (the runs' leases expire), never raised. Cut short
+        (cancelled: the listener is stopping), the runs go back among the unstarted, for the
+        shutdown to hand back or name (`name_unreleased`): whether this call got through is
+        unknown, and handing a run back twice changes nothing (the attempt fences it)."""
         try:
             released = await self._db.release(runs)
         except asyncio.CancelledError:
+            self._unstarted[:0] = runs
             raise
         except Exception as exc:
-            logger.warning("could not hand back %d unstarted runs: their leases will expire (%s)",
-                           len(runs), exc,
-                           extra={"event": "release_failed", "count": len(runs), "reason": str(exc),
-                                  "run_ids": [run.run_id for run in runs]})
+            self.name_unreleased(runs, str(exc))
             released = 0
         else:
             logger.info("handed %d unstarted runs back to pending", released,
                         extra={"event": "runs_released", "count": released, "reason": reason})
-        finally:
-            self._budget.settled(len(runs))
-            self._slot_freed.set()
+        self._budget.settled(len(runs))
+        self._slot_freed.set()
         return released
+
+    def name_unreleased(self, runs: list[Run], reason: str) -> None:
+        logger.warning("could not hand back %d unstarted runs: their leases will expire (%s)",
+                       len(runs), reason,
+                       extra={"event": "release_failed", "count": len(runs), "reason": reason,
+                              "run_ids": [run.run_id for run in runs]})

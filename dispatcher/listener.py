@@ -25,6 +25,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,7 +126,10 @@ class Listener:
             self._force.set()
 
     def _task_failed(self, failure: TaskFailed) -> None:
-        self.stop(f"{failure.task} failed")
+        # A shutdown under way goes on as it was asked for: a failure during a graceful drain
+        # is no second signal (the listener still exits 1).
+        if not self._stopping.is_set():
+            self.stop(f"{failure.task} failed")
 
     def status(self) -> ListenerStatus:
         failure = self._supervisor.failure
@@ -267,13 +271,29 @@ class Listener:
                 return FORCED_WAIT_S
             return max(FORCED_WAIT_S, settings.grace_s - (time.monotonic() - started))
 
+        async def step(name: str, call: Coroutine[Any, Any, Any]) -> None:
+            """Await `call` (which logs its own failures) while the grace period lasts; a second
+            signal cuts it to FORCED_WAIT_S from then, even in the middle of the step."""
+            task = asyncio.ensure_future(call)
+            step_started = time.monotonic()
+            await _first(force, task=task, timeout_s=left())
+            if not task.done() and force.is_set():
+                await asyncio.wait([task], timeout=FORCED_WAIT_S)
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                waited_s = round(time.monotonic() - step_started, 1)
+                logger.warning("gave up %s after %.1f s", name, waited_s,
+                               extra={"event": "shutdown_step_timed_out", "step": name,
+                                      "timeout_s": waited_s})
+
         await self._supervisor.cancel(services)
         # A claim in progress is let finish: what it returns is handed back below.
         await _first(force, task=claimer, timeout_s=CLAIM_STOP_WAIT_S)
         await self._supervisor.cancel([claimer, *self._supervisor.running("pgdispatch-release")])
         unstarted = dispatcher.take_unstarted()
         if unstarted:
-            await self._bounded(dispatcher.release(unstarted, reason="the listener is stopping"), left())
+            await step("handing back", dispatcher.release(unstarted, reason="the listener is stopping"))
 
         in_flight = self._budget.in_flight
         if in_flight:
@@ -289,28 +309,25 @@ class Listener:
         if cancelled:
             logger.warning("cancelled %d in-flight invocations: they are retried when their lease expires",
                            cancelled, extra={"event": "invocations_cancelled", "count": cancelled})
-        late = dispatcher.take_unstarted()  # taken by a worker after the release above
-        if late:
-            await self._bounded(dispatcher.release(late, reason="the listener is stopping"), left())
+        late = dispatcher.take_unstarted()  # taken by a worker after the release above, or put
+        if late:                              # back by a release that was cut short
+            await step("handing back", dispatcher.release(late, reason="the listener is stopping"))
+        unreleased = dispatcher.take_unstarted()  # cut short again: said, run by run
+        if unreleased:
+            dispatcher.name_unreleased(unreleased, "the listener stopped before they could be handed back")
 
         # What finished is recorded (if the parts that record are alive); what cannot be is
         # said, run by run.
         if self._supervisor.running("pgdispatch-completion-writer"):
-            await self._completer.flush(left())
+            await step("recording", self._completer.flush(settings.grace_s))
         if self._completer.deferred and self._supervisor.running("pgdispatch-completion-retry"):
-            await self._completer.settle(left())
+            logger.info("waiting up to %.1f s for %d kept outcomes to be recorded", left(),
+                        self._completer.deferred,
+                        extra={"event": "settling", "deferred": self._completer.deferred,
+                               "timeout_s": round(left(), 1)})
+            await step("settling", self._completer.settle(settings.grace_s))
         await self._supervisor.cancel(self._supervisor.running("pgdispatch-completion"))
         self._completer.abandon_all("the listener stopped before the outcome could be recorded")
-
-    @staticmethod
-    async def _bounded(call: Any, timeout_s: float) -> None:
-        """Await `call` (which logs its own failures) for at most timeout_s."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await call
-        except TimeoutError:
-            logger.warning("gave up waiting after %.1f s", timeout_s,
-                           extra={"event": "shutdown_step_timed_out", "timeout_s": timeout_s})
 
 
 def _systemd_status(listener: Listener) -> str:
