@@ -54,6 +54,10 @@ CLAIM_STOP_WAIT_S = 5.0
 FORCED_WAIT_S = 1.0
 # How often the systemd STATUS= line is refreshed (when it changed).
 SYSTEMD_STATUS_EVERY_S = 5.0
+# While the database is waited for at start: systemd's start timeout is extended by
+# START_EXTEND_S every START_EXTEND_EVERY_S (always ahead of it, with room for a late loop).
+START_EXTEND_S = 30.0
+START_EXTEND_EVERY_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +88,7 @@ class Listener:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.ready = asyncio.Event()  # LISTEN is active and a sweep has run since
+        self.waiting_for_database = asyncio.Event()  # a first attempt at start failed
         self.metrics = Metrics()
         self._lost_seen: int | None = None  # the audit row of the last lost run counted
         self._counting_lost = False
@@ -212,6 +217,7 @@ class Listener:
             try:
                 await self._db.verify()
             except DatabaseUnavailable as exc:
+                self.waiting_for_database.set()
                 delay = backoff.next_delay()
                 logger.warning("database unavailable, retrying in %.1f s", delay,
                                extra={"event": "database_reconnecting", "attempt": backoff.failures,
@@ -349,7 +355,12 @@ def _systemd_status(listener: Listener) -> str:
 async def _tell_systemd(listener: Listener, notifier: Notifier) -> None:
     """READY=1 once LISTEN is active (and a first sweep ran), then STATUS= whenever it changes."""
     notifier.status("starting: connecting to the database")
-    await listener.ready.wait()
+    await _first(listener.ready, listener.waiting_for_database, timeout_s=float("inf"))
+    # READY=1 waits for the database, however long it is down; systemd's start timeout is there
+    # for a listener that hangs, so it is extended for as long as the listener is waiting.
+    while not listener.ready.is_set():
+        notifier.extend_timeout(START_EXTEND_S, "starting: waiting for the database")
+        await _first(listener.ready, timeout_s=START_EXTEND_EVERY_S)
     last = _systemd_status(listener)
     notifier.ready(last)
     while True:
