@@ -55,16 +55,19 @@ async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
 
 class Clock:
     """Calls dispatch.tick() on time. `on_tick(marked, sweep, listened)` follows every successful
-    tick, and every chunk that marked runs: how many runs it marked, whether it was a sweep, and
-    whether LISTEN was active when it began (a sweep that began before could have missed a
-    NOTIFY sent before the LISTEN; a chunk says False to both)."""
+    tick: how many runs it marked, whether it was a sweep, and whether LISTEN was active when it
+    began (a sweep that began before could have missed a NOTIFY sent before the LISTEN).
+    `on_marked(marked)` follows every chunk that marked runs: the claimer may start on them, but
+    a chunk is no tick (it expires no lease), so only on_tick says that ticks succeed."""
 
     def __init__(self, db: Database, *, sweep_interval_s: float, listening: Callable[[], bool],
-                 on_tick: Callable[[int, bool, bool], None]) -> None:
+                 on_tick: Callable[[int, bool, bool], None],
+                 on_marked: Callable[[int], None] = lambda marked: None) -> None:
         self._db = db
         self._interval_s = sweep_interval_s
         self._listening = listening
         self._on_tick = on_tick
+        self._on_marked = on_marked
         self._replan = asyncio.Event()
         self._sweep_requested = True
         self._replan_scheduled = False
@@ -148,7 +151,7 @@ class Clock:
             # after this one's snapshot, and comes back short of runs although more are due.
             marked, taken = await self._db.tick_chunk(chunk)
             if marked:
-                self._on_tick(marked, False, False)
+                self._on_marked(marked)
             if taken < chunk:
                 return await self._db.tick()
             chunk = min(CHUNK_GROWTH * chunk, MAX_CHUNK)

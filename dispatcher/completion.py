@@ -6,18 +6,21 @@ outcomes arrive while a batch is being written, the bigger the next batch: recor
 by batching rather than by making invocations wait. The listener still never holds more runs
 than it can record: a run counts against its claim budget until `on_done` reports it settled.
 
-An outcome that cannot be written now is kept and retried, in batches too, at most a second
-apart and at once when any database call succeeds again:
+An outcome that cannot be written now is kept in one of two queues, each with one rule, and
+retried in batches from its front (oldest first); an outcome kept again goes to the back, so a
+queue rotates and nothing in it starves behind outcomes that keep failing:
 
-- the database is unavailable: until the run's lease would have expired; after that the run
-  belongs to whoever claims it next, so the outcome is abandoned (logged with its run id). A
-  run is never invoked again to make up for a lost write;
-- the database answered `busy` (another transaction holds the run or its schedule): for as long
-  as it stays busy; the lease cannot expire under that lock either, and the attempt fences
-  whatever comes after. Mostly this is another listener's claim that looked at the run a moment
-  before this listener claimed it (PostgreSQL keeps that row lock until the claim's statement
-  ends), and the retry at the next successful call records it; an outcome busy for
-  BUSY_WARNING_S is something else (a DBA's transaction left open) and is said.
+- unavailable (the database did not answer): retried at most RETRY_MAX_S apart, and at once
+  when any other database call succeeds (the database is back); until the run's lease would
+  have expired, then abandoned (logged with its run id): after that the run belongs to
+  whoever claims it next. A run is never invoked again to make up for a lost write;
+- busy (the database answered that another transaction holds the run or its schedule): retried
+  on a back-off of its own, BUSY_RETRY_INITIAL_S doubling to BUSY_RETRY_MAX_S, whatever else
+  succeeds meanwhile; for as long as it stays busy (the lease cannot expire under that lock, and
+  the attempt fences whatever comes after). Mostly this is another listener's claim that looked
+  at the run a moment before this listener claimed it (PostgreSQL keeps that row lock until the
+  claim's statement ends), and the first retry records it; an outcome busy for BUSY_WARNING_S
+  is something else (a DBA's transaction left open) and is said.
 
 Logs: `run_finished` is one record per run, at DEBUG for `ok` runs and at INFO for the others;
 each written batch logs one INFO `runs_finished` with the counts by status. Deferral is one
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -48,7 +52,10 @@ logger = logging.getLogger(__name__)
 
 # Outcomes recorded by one dispatch.complete_runs call at most (about 80 us of server time each).
 BATCH_MAX = 250
+RETRY_INITIAL_S = 0.2
 RETRY_MAX_S = 1.0
+BUSY_RETRY_INITIAL_S = 0.1
+BUSY_RETRY_MAX_S = 2.0
 BUSY_REASON = "another transaction holds the run or its schedule"
 REPEAT_WARNING_S = 10.0
 BUSY_WARNING_S = 5.0
@@ -77,6 +84,35 @@ class _Kept:
     since: float  # time.monotonic() it was first kept
 
 
+class _RetryQueue:
+    """Kept outcomes of one kind, oldest first, and when the next batch of them is due."""
+
+    def __init__(self, backoff: Backoff) -> None:
+        self.items: dict[int, _Kept] = {}  # by run id; insertion order is the retry order
+        self.backoff = backoff
+        self.due_at = 0.0  # time.monotonic() of the next retry
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def put(self, kept: _Kept) -> None:
+        """At the back (a retried outcome kept again too: the queue rotates)."""
+        if not self.items:
+            self.backoff.reset()
+            self.due_at = time.monotonic() + self.backoff.next_delay()
+        self.items.pop(kept.run.run_id, None)
+        self.items[kept.run.run_id] = kept
+
+    def batch(self) -> list[tuple[Run, Outcome]]:
+        return [(kept.run, kept.outcome) for kept in itertools.islice(self.items.values(), BATCH_MAX)]
+
+    def retried(self, progress: bool) -> None:
+        """A batch was written: the next one at once after progress, else after the back-off."""
+        if progress:
+            self.backoff.reset()
+        self.due_at = time.monotonic() + (0.0 if progress else self.backoff.next_delay())
+
+
 class Completer:
     """Writes outcomes; keeps and retries the ones that cannot be written now.
 
@@ -96,9 +132,13 @@ class Completer:
         self._in_write: list[tuple[Run, Outcome]] = []  # the batch being written
         self._idle = asyncio.Event()  # nothing queued and nothing being written
         self._idle.set()
-        self._kept: dict[int, _Kept] = {}
-        self._has_kept = asyncio.Event()
-        self._database_back = asyncio.Event()
+        # The database did not answer: retried at most RETRY_MAX_S apart and at once when another
+        # call succeeds, until the run's lease is over.
+        self._unavailable = _RetryQueue(Backoff(initial_s=RETRY_INITIAL_S, max_s=RETRY_MAX_S))
+        # Another transaction holds the run or its schedule: retried on its own back-off only,
+        # for as long as that lasts.
+        self._busy = _RetryQueue(Backoff(initial_s=BUSY_RETRY_INITIAL_S, max_s=BUSY_RETRY_MAX_S))
+        self._kept_changed = asyncio.Event()  # an outcome was kept, or the database is back
         self._settled = asyncio.Event()  # nothing kept
         self._settled.set()
         self._deferred_since: float | None = None  # when the warning about kept outcomes was first given
@@ -108,7 +148,14 @@ class Completer:
     @property
     def deferred(self) -> int:
         """Outcomes kept for a retry."""
-        return len(self._kept)
+        return len(self._unavailable) + len(self._busy)
+
+    def _kept(self) -> list[_Kept]:
+        return [*self._unavailable.items.values(), *self._busy.items.values()]
+
+    def _forget(self, run_id: int) -> None:
+        self._unavailable.items.pop(run_id, None)
+        self._busy.items.pop(run_id, None)
 
     @property
     def queued(self) -> int:
@@ -122,9 +169,11 @@ class Completer:
         self._has_work.set()
 
     def database_is_back(self) -> None:
-        """A database call succeeded: retry what is kept now rather than after the back-off."""
-        if self._kept:
-            self._database_back.set()
+        """A database call succeeded: retry the outcomes kept for want of the database now rather
+        than after their back-off (busy ones keep theirs: the database was there all along)."""
+        if self._unavailable.items:
+            self._unavailable.due_at = 0.0
+            self._kept_changed.set()
 
     async def flush(self, timeout_s: float) -> bool:
         """Wait up to timeout_s until every submitted outcome is written or kept."""
@@ -138,7 +187,7 @@ class Completer:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 await self._settled.wait()
-        return len(self._kept)
+        return self.deferred
 
     # -- the writer -------------------------------------------------------------------------
 
@@ -180,7 +229,7 @@ class Completer:
                 "run %s: recording its outcome failed: %s", run.run_id, exc,
                 extra={"event": "completion_failed", **_fields(run, outcome), "reason": str(exc)},
             )
-            self._kept.pop(run.run_id, None)
+            self._forget(run.run_id)
             return True
         self._report(items, results)
         return True
@@ -194,7 +243,7 @@ class Completer:
             if busy:
                 self._keep(run, outcome, busy=True, reason=BUSY_REASON)
                 continue
-            self._kept.pop(run.run_id, None)
+            self._forget(run.run_id)
             if not recorded:
                 logger.warning(
                     "run %s: outcome not recorded, this listener no longer holds the run", run.run_id,
@@ -230,22 +279,27 @@ class Completer:
             )
         if advanced_any:
             self._on_advanced()
-        if not self._kept and self._deferred_since is not None:
+        self._settle_if_empty()
+
+    def _settle_if_empty(self) -> None:
+        if self.deferred:
+            return
+        if self._deferred_since is not None:
             logger.info("outcomes kept for %.1f s are all recorded", time.monotonic() - self._deferred_since,
                         extra={"event": "completions_resumed",
                                "deferred_for_s": round(time.monotonic() - self._deferred_since, 1)})
             self._deferred_since = None
-            self._has_kept.clear()
-            self._settled.set()
+        self._settled.set()
 
     # -- what cannot be written now ---------------------------------------------------------
 
     def _keep(self, run: Run, outcome: Outcome, *, busy: bool, reason: str) -> None:
         now = time.monotonic()
-        earlier = self._kept.get(run.run_id)
-        self._kept[run.run_id] = _Kept(run, outcome, busy, earlier.since if earlier else now)
+        queue, other = (self._busy, self._unavailable) if busy else (self._unavailable, self._busy)
+        earlier = queue.items.get(run.run_id) or other.items.pop(run.run_id, None)
+        queue.put(_Kept(run, outcome, busy, earlier.since if earlier else now))
         self._settled.clear()
-        self._has_kept.set()
+        self._kept_changed.set()
         logger.debug("run %s: outcome kept to retry: %s", run.run_id, reason,
                      extra={"event": "completion_deferred", **_fields(run, outcome), "busy": busy,
                             "reason": reason})
@@ -256,44 +310,56 @@ class Completer:
         """One WARNING when outcomes start waiting (busy ones: once they have waited a while), then
         every REPEAT_WARNING_S while they do."""
         now = time.monotonic()
-        worth_saying = [kept for kept in self._kept.values()
-                        if not kept.busy or now - kept.since >= BUSY_WARNING_S]
-        if not worth_saying or (self._deferred_since is not None
-                                and now - self._warned_at < REPEAT_WARNING_S):
+        if not self._unavailable.items and not any(
+                now - kept.since >= BUSY_WARNING_S for kept in self._busy.items.values()):
+            return
+        if self._deferred_since is not None and now - self._warned_at < REPEAT_WARNING_S:
             return
         self._deferred_since = self._deferred_since or now
         self._warned_at = now
-        busy_count = sum(1 for kept in self._kept.values() if kept.busy)
-        logger.warning("%d outcomes cannot be recorded now, keeping them to retry: %s", len(self._kept),
-                       self._last_reason, extra={"event": "completions_deferred", "count": len(self._kept),
-                                                 "busy": busy_count, "reason": self._last_reason})
+        logger.warning("%d outcomes cannot be recorded now, keeping them to retry: %s", self.deferred,
+                       self._last_reason, extra={"event": "completions_deferred", "count": self.deferred,
+                                                 "busy": len(self._busy), "reason": self._last_reason})
 
     async def retry(self) -> None:
-        """Retry kept outcomes in batches until none are left; runs as long as the listener does."""
-        backoff = Backoff(initial_s=0.2, max_s=RETRY_MAX_S)
+        """Retry each queue's batch when it is due (see the module's docstring); runs as long as
+        the listener does."""
         while True:
-            await self._has_kept.wait()
-            self._database_back.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(backoff.next_delay()):
-                    await self._database_back.wait()
-            now = time.monotonic()
-            self._warn_if_due()
-            for run_id, kept in list(self._kept.items()):
-                if not kept.busy and now >= kept.run.lease_deadline:
-                    del self._kept[run_id]
-                    self._abandoned(kept.run, kept.outcome,
-                                    "its lease ended before the outcome could be recorded")
-            batch = [(kept.run, kept.outcome) for kept in list(self._kept.values())[:BATCH_MAX]]
-            if not batch:
-                if self._deferred_since is not None:
-                    self._deferred_since = None
-                self._has_kept.clear()
-                self._settled.set()
+            queues = [queue for queue in (self._unavailable, self._busy) if queue.items]
+            if not queues:
+                self._settle_if_empty()
+                self._kept_changed.clear()
+                await self._kept_changed.wait()
                 continue
-            before = len(self._kept)
-            if await self._write(batch) and len(self._kept) < before:
-                backoff.reset()  # progress: go on at once with what is left
+            wait_s = min(queue.due_at for queue in queues) - time.monotonic()
+            if wait_s > 0:
+                self._kept_changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait_s):
+                        await self._kept_changed.wait()
+                continue
+            self._warn_if_due()
+            if self._unavailable.items and self._unavailable.due_at <= time.monotonic():
+                self._abandon_expired()
+                await self._retry(self._unavailable)
+            if self._busy.items and self._busy.due_at <= time.monotonic():
+                await self._retry(self._busy)
+
+    def _abandon_expired(self) -> None:
+        now = time.monotonic()
+        for run_id, kept in list(self._unavailable.items.items()):
+            if now >= kept.run.lease_deadline:
+                del self._unavailable.items[run_id]
+                self._abandoned(kept.run, kept.outcome,
+                                "its lease ended before the outcome could be recorded")
+
+    async def _retry(self, queue: _RetryQueue) -> None:
+        batch = queue.batch()
+        if not batch:
+            return
+        before = self.deferred
+        answered = await self._write(batch)
+        queue.retried(progress=answered and self.deferred < before)
 
     def _abandoned(self, run: Run, outcome: Outcome, why: str) -> None:
         logger.error("run %s: outcome abandoned: %s", run.run_id, why,
@@ -302,12 +368,14 @@ class Completer:
     def abandon_all(self, why: str) -> int:
         """At shutdown: log every outcome not written (queued, being written when the writer was
         stopped, or kept) as abandoned; how many."""
-        kept_ids = set(self._kept)
+        kept = self._kept()
+        kept_ids = {item.run.run_id for item in kept}
         items = [*self._queue, *(item for item in self._in_write if item[0].run_id not in kept_ids),
-                 *((kept.run, kept.outcome) for kept in self._kept.values())]
+                 *((item.run, item.outcome) for item in kept)]
         self._in_write = []
         for run, outcome in items:
             self._abandoned(run, outcome, why)
         self._queue.clear()
-        self._kept.clear()
+        self._unavailable.items.clear()
+        self._busy.items.clear()
         return len(items)

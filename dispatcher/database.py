@@ -6,6 +6,15 @@ by default, and a URL may set its own values (`with_liveness`). Every call is al
 (`asyncio.timeout`): a call that gets no answer fails as DatabaseUnavailable, its connection is
 discarded, and the caller retries on a new one.
 
+Every client deadline is a server deadline too (invariant 9): a call the listener gives up on
+must not go on waiting for a lock on the server and commit a claim, a completion or a tick
+later. Each call runs in a transaction of its own whose `statement_timeout` (and
+`lock_timeout`) is what is left of the call's bound, less SERVER_MARGIN_S, set with SET LOCAL in
+the same round trip (a pipeline): per transaction, so that it holds through a transaction
+pooler, and bounding the statement as a whole, not each lock wait. A call cancelled at its
+deadline also sends the server a cancel request, fire and forget, before its connection is
+closed.
+
 Errors come in two kinds. DatabaseUnavailable: the database is down, unreachable or slow to
 answer; wait and retry. DatabaseMisconfigured: it answered, and the answer will not change by
 waiting (a wrong password, no such database or role, no pg_hba.conf entry, the dispatch schema
@@ -15,6 +24,8 @@ missing or too old for this listener): say so once and stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -23,8 +34,9 @@ from typing import Any, NamedTuple
 
 import psycopg
 import psycopg.conninfo
-from psycopg import errors, pq, waiting
+from psycopg import errors, generators, pq, waiting
 from psycopg.abc import RV, PQGen
+from psycopg.pq.abc import PGcancelConn
 from psycopg.rows import AsyncRowFactory, Row, dict_row, tuple_row
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
@@ -43,6 +55,8 @@ __all__ = [
     "with_liveness",
 ]
 
+logger = logging.getLogger(__name__)
+
 # The schema this listener is written for: dispatch.migrations must reach this version.
 SCHEMA_VERSION = 16
 # Liveness defaults for every connection (libpq parameters; a URL that sets one wins): an idle
@@ -60,6 +74,9 @@ LIVENESS = {
 # hour's stampede (100,000 slots take about 2 s), the rest are small batches.
 CALL_TIMEOUT_S = 5.0
 TICK_TIMEOUT_S = 30.0
+# While calls fail for want of a connection, the database is probed directly this often; once
+# it answers, the pool is started over (see Database.heal).
+HEAL_PROBE_S = 1.0
 # A pooled connection idle for a while is checked before use (one round trip), within this.
 CHECK_TIMEOUT_S = 2.0
 # How long a call waits for a pooled connection before the database counts as unavailable.
@@ -68,11 +85,16 @@ CONNECTION_WAIT_S = 5.0
 # been idle for longer than this: a busy listener would otherwise pay a round trip per call. A
 # connection that broke meanwhile fails its call, which the callers already retry.
 CHECK_AFTER_IDLE_S = 1.0
+# The server gives a statement up this much before the listener would: its error, not a silent
+# cancel, is what the listener sees, and nothing commits after the listener stopped waiting.
+SERVER_MARGIN_S = 0.25
+# A cancel request sent when a call is given up is not waited for longer than this.
+CANCEL_TIMEOUT_S = 2.0
+_BOUND = "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)"
 _COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-_CLAIM = (
-    "SELECT run_id, schedule_id, project_id, function_name, args, request_id, scheduled_for, attempt,"
-    " lease_until, timeout, fire_at FROM dispatch.claim_runs(%s, %s, %s, %s)"
-)
+# Every column, read by position: kind (the twelfth) is there only once the install that added it
+# has run, and a listener must keep working on the install before.
+_CLAIM = "SELECT * FROM dispatch.claim_runs(%s, %s, %s, %s)"
 # What a server (or libpq) says when waiting will not help: the configuration is wrong.
 # Connection failures carry no SQLSTATE, so the message is all there is; an unrecognised
 # failure counts as transient, and the listener waits for the database as before.
@@ -87,14 +109,41 @@ _MISCONFIGURED = (
 )
 
 
+_cancelling: set[asyncio.Task[None]] = set()  # cancel requests under way (fire and forget)
+
+
+async def _send_cancel(cancel: PGcancelConn) -> None:
+    try:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CANCEL_TIMEOUT_S):
+                await waiting.wait_conn_async(generators.cancel(cancel), interval=0.1)
+    finally:
+        cancel.finish()
+
+
+def _cancel_in_background(pgconn: pq.abc.PGconn) -> None:
+    """Ask the server to cancel what `pgconn` is running, without waiting for the answer: on a
+    path that died the request goes nowhere, and the statement's own timeout ends it."""
+    if not psycopg.capabilities.has_cancel_safe():
+        return  # libpq < 17 can only cancel blocking; statement_timeout still ends the statement
+    try:
+        cancel = pgconn.cancel_conn()
+        cancel.start()
+    except psycopg.Error:
+        return
+    task = asyncio.get_running_loop().create_task(_send_cancel(cancel), name="pgdispatch-cancel")
+    _cancelling.add(task)
+    task.add_done_callback(_cancelling.discard)
+
+
 class LiveConnection(psycopg.AsyncConnection[Any]):
     """psycopg's connection, except for what a cancelled call does.
 
     psycopg answers a call cancelled while the server works on it by sending a cancel request
     and then waiting up to 5 s more for the query to end, to keep the connection usable. Here a
-    cancelled call is a deadline that passed, most likely on a path that died silently: the
-    connection is closed at once instead (the pool then replaces it), so that a dead path costs
-    each call its deadline and nothing more."""
+    cancelled call is a deadline that passed, most likely on a path that died silently: a cancel
+    request is sent without waiting for it, and the connection is closed at once (the pool then
+    replaces it), so that a dead path costs each call its deadline and nothing more."""
 
     async def wait(self, gen: PQGen[RV], interval: float = 0.1,
                    timeout: float | None = None) -> RV:  # noqa: ASYNC109 (psycopg's signature)
@@ -102,6 +151,7 @@ class LiveConnection(psycopg.AsyncConnection[Any]):
             return await waiting.wait_async(gen, self.pgconn.socket, interval=interval, timeout=timeout)
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
             if self.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+                _cancel_in_background(self.pgconn)
                 self.pgconn.finish()  # its state is unknown: it is never used again
             raise
 
@@ -136,6 +186,23 @@ async def _load_as_text(conn: LiveConnection) -> None:
     schedule id is only ever sent on as text."""
     for type_name in ("jsonb", "uuid"):
         conn.adapters.register_loader(type_name, TextLoader)
+
+
+def _server_bound(deadline: float) -> str:
+    """statement_timeout for a statement that must end by `deadline` (time.monotonic())."""
+    left_s = deadline - time.monotonic()
+    return f"{max(1, int((left_s - min(SERVER_MARGIN_S, left_s / 4)) * 1000))}ms"
+
+
+async def _bounded(conn: LiveConnection, query: str, params: tuple[Any, ...],
+                   row_factory: AsyncRowFactory[Row], deadline: float) -> list[Row]:
+    """`query` in a transaction of its own that the server ends by `deadline`; one round trip."""
+    bound = _server_bound(deadline)
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(_BOUND, (bound, bound))
+        cursor = conn.cursor(row_factory=row_factory)
+        await cursor.execute(query, params)
+    return await cursor.fetchall()
 
 
 class Recorded(NamedTuple):
@@ -224,6 +291,7 @@ class Database:
         self._pool_size = pool_size
         self._last_used: weakref.WeakKeyDictionary[LiveConnection, float] = weakref.WeakKeyDictionary()
         self._failing = False  # a call failed for want of the database since the last one that did not
+        self._failing_now = asyncio.Event()  # set while _failing: wakes heal()
         self._closing: set[asyncio.Task[None]] = set()
         self.pool = self._new_pool()
 
@@ -248,13 +316,45 @@ class Database:
         keep a listener idle for seconds after the database came back. True if it did."""
         if not self._failing:
             return False
-        self._failing = False
+        self._set_failing(False)
         old, self.pool = self.pool, self._new_pool()
         await self.pool.open(wait=False)
         closing = asyncio.create_task(old.close(timeout=CONNECTION_WAIT_S), name="pgdispatch-pool-close")
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
         return True
+
+    def _set_failing(self, failing: bool) -> None:
+        self._failing = failing
+        if failing:
+            self._failing_now.set()
+        else:
+            self._failing_now.clear()
+
+    async def heal(self) -> None:
+        """While calls fail for want of the database, probe it with a direct connection every
+        HEAL_PROBE_S and start over with a new pool (reopen_if_failing) as soon as it answers.
+
+        psycopg_pool retries a lost connection after 1, 2, 4, 8, ... s with no cap: after a
+        33 s outage its next attempt came 24 s after the path was back. The LISTEN session's
+        reconnect starts a new pool too, but LISTEN may take another path (direct, while the
+        pool goes through PgBouncer) that never went down. This bounds the pool's recovery at
+        about a probe interval plus a connect, whatever the outage's length. Runs as long as
+        the listener does."""
+        while True:
+            await self._failing_now.wait()
+            await asyncio.sleep(HEAL_PROBE_S)
+            if not self._failing:
+                continue
+            try:
+                conn = await connect(self._conninfo, application_name=self._application_name,
+                                     timeout_s=self._call_timeout_s)
+            except (DatabaseUnavailable, DatabaseMisconfigured):
+                continue  # still down (a configuration error is the calls' to report)
+            await conn.close()
+            if await self.reopen_if_failing():
+                logger.info("the database answers again: starting the connection pool over",
+                            extra={"event": "database_pool_reopened"})
 
     async def _check_connection(self, conn: LiveConnection) -> None:
         if time.monotonic() - self._last_used.get(conn, float("-inf")) > CHECK_AFTER_IDLE_S:
@@ -286,25 +386,32 @@ class Database:
     async def _rows(self, query: str, params: tuple[Any, ...], row_factory: AsyncRowFactory[Row], *,
                     timeout_s: float | None = None) -> list[Row]:
         limit = timeout_s or self._call_timeout_s
+        deadline = time.monotonic() + limit
+        pool = self.pool
         try:
             # The bound covers waiting for a connection, checking it and the statement: a call on
             # a path that died silently is cancelled (psycopg then closes that connection).
             async with asyncio.timeout(limit):
-                async with self.pool.connection(timeout=min(CONNECTION_WAIT_S, limit)) as conn:
-                    cursor = conn.cursor(row_factory=row_factory)
-                    await cursor.execute(query, params)
-                    rows = await cursor.fetchall()
+                async with pool.connection(timeout=min(CONNECTION_WAIT_S, limit)) as conn:
+                    rows = await _bounded(conn, query, params, row_factory, deadline)
                     self._last_used[conn] = time.monotonic()
         except TimeoutError:
-            self._failing = True
+            self._set_failing(True)
             raise DatabaseUnavailable(f"no answer from the database within {limit:g} s") from None
-        except (PoolTimeout, PoolClosed) as exc:
-            self._failing = True
+        except PoolClosed as exc:
+            # A pool that heal() replaced closes with calls still waiting on it: not a new failure.
+            self._set_failing(self._failing or pool is self.pool)
+            raise DatabaseUnavailable(_one_line(exc)) from exc
+        except PoolTimeout as exc:
+            self._set_failing(True)
             raise DatabaseUnavailable(_one_line(exc)) from exc
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            self._failing = True
+            # An error the server sent (a statement or lock timeout: its path works) is no
+            # reason to start the pool over; a connection-level one (no SQLSTATE) is.
+            self._set_failing(getattr(exc, "sqlstate", None) is None)
             raise classify(exc) from exc
-        self._failing = False
+        if self._failing:
+            self._set_failing(False)
         self._on_success()
         return rows
 
@@ -318,14 +425,16 @@ class Database:
         rows = await self._rows(_CLAIM, (self._worker_id, max_runs, timedelta(seconds=lease_s),
                                          timedelta(seconds=timeout_s)), tuple_row)
         runs = []
-        for (run_id, schedule_id, project_id, function_name, args_json, request_id, scheduled_for, attempt,
-             lease_until, timeout, fire_at) in rows:
+        for row in rows:
+            (run_id, schedule_id, project_id, function_name, args_json, request_id, scheduled_for, attempt,
+             lease_until, timeout, fire_at) = row[:11]
             run_timeout_s = timeout.total_seconds() if timeout is not None else timeout_s
             runs.append(Run(run_id=run_id, schedule_id=schedule_id, project_id=project_id,
                             function_name=function_name, args_json=args_json, request_id=request_id,
                             scheduled_for=scheduled_for, attempt=attempt, lease_until=lease_until,
                             lease_deadline=started + lease_s + run_timeout_s - timeout_s,
-                            timeout_s=run_timeout_s, fire_at=fire_at))
+                            timeout_s=run_timeout_s, fire_at=fire_at,
+                            kind=row[11] if len(row) > 11 else None))
         return runs
 
     def _complete_params(self, run: Run, outcome: Outcome) -> tuple[Any, ...]:

@@ -139,24 +139,31 @@ class Dispatcher:
                 self._hand_back(run)
                 continue
             self._budget.started()
-            if run.attempt == 1:  # a retry is late by its back-off, on purpose
+            # A retry is late by its back-off, and a backfill or manual run has no instant it was
+            # due at (a backfill's fire_at is a slot of the past), on purpose: neither is latency.
+            if run.attempt == 1 and run.kind in ("scheduled", None):
                 self._metrics.sent(run.fire_at or run.scheduled_for)
+            submitted = False
             try:
-                outcome = await self._invoker.invoke(run)
-            except asyncio.CancelledError:
-                self._budget.abandoned()
-                raise
-            except Exception:  # a bug in invoking one run must not take a worker away
-                logger.exception("run %s: unexpected error", run.run_id,
-                                 extra={"event": "worker_error", "run_id": run.run_id})
-                self._budget.abandoned()
-                self._slot_freed.set()
-                continue
+                try:
+                    outcome = await self._invoker.invoke(run)
+                except Exception:  # a bug in invoking one run must not take a worker away
+                    logger.exception("run %s: unexpected error", run.run_id,
+                                     extra={"event": "worker_error", "run_id": run.run_id})
+                    continue
+                self._metrics.finished(outcome.status, outcome.duration_ms / 1000)
+                self._completer.submit(run, outcome)
+                submitted = True
             finally:
+                # However the invocation ended (cancelled, a bug, a leaked CancelledError), its
+                # share of the budget comes back, and the claimer, which may be waiting for it,
+                # hears so.
+                if submitted:
+                    self._budget.invoked(outcome.duration_ms / 1000)
+                else:
+                    self._budget.abandoned()
+                    self._slot_freed.set()
                 self.invocation_ended.set()
-            self._budget.invoked(outcome.duration_ms / 1000)
-            self._metrics.finished(outcome.status, outcome.duration_ms / 1000)
-            self._completer.submit(run, outcome)
 
     # -- handing back ---------------------------------------------------------------------------
 
@@ -181,21 +188,27 @@ class Dispatcher:
                 await self.release(runs, reason="queued until too little of its lease was left")
 
     async def release(self, runs: list[Run], *, reason: str) -> int:
-        """release_runs; any failure is logged (the runs' leases expire), never raised."""
+        """release_runs; any failure is logged (the runs' leases expire), never raised. Cut short
+        (cancelled: the listener is stopping), the runs go back among the unstarted, for the
+        shutdown to hand back or name (`name_unreleased`): whether this call got through is
+        unknown, and handing a run back twice changes nothing (the attempt fences it)."""
         try:
             released = await self._db.release(runs)
         except asyncio.CancelledError:
+            self._unstarted[:0] = runs
             raise
         except Exception as exc:
-            logger.warning("could not hand back %d unstarted runs: their leases will expire (%s)",
-                           len(runs), exc,
-                           extra={"event": "release_failed", "count": len(runs), "reason": str(exc),
-                                  "run_ids": [run.run_id for run in runs]})
+            self.name_unreleased(runs, str(exc))
             released = 0
         else:
             logger.info("handed %d unstarted runs back to pending", released,
                         extra={"event": "runs_released", "count": released, "reason": reason})
-        finally:
-            self._budget.settled(len(runs))
-            self._slot_freed.set()
+        self._budget.settled(len(runs))
+        self._slot_freed.set()
         return released
+
+    def name_unreleased(self, runs: list[Run], reason: str) -> None:
+        logger.warning("could not hand back %d unstarted runs: their leases will expire (%s)",
+                       len(runs), reason,
+                       extra={"event": "release_failed", "count": len(runs), "reason": reason,
+                              "run_ids": [run.run_id for run in runs]})

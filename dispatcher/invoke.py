@@ -17,7 +17,10 @@ a response that is not HTTP                     error   ``invalid response: <rea
 ==============================================  ======  =========================================  =========
 
 A 2xx whose body is not JSON is ``ok``: the status is the function's answer, and only a
-well-formed JSON object can say otherwise. At most 64 KiB of a body is read. A retryable answer
+well-formed JSON object can say otherwise. At most 64 KiB of a body is read, counted after
+decompression: the listener asks for no compression (``Accept-Encoding: identity``) and inflates
+a gzip or deflate answer itself, only up to that cap, so a compression bomb costs 64 KiB; a body
+in another encoding is not read (its excerpt is the raw bytes). A retryable answer
 may carry ``Retry-After`` (seconds or an HTTP date): the retry waits that long, capped by the
 schedule's ``retry_backoff_max``. Whether a retryable failure is retried is the database's call
 (attempts left, the next slot): see dispatch.complete_runs.
@@ -31,6 +34,7 @@ import functools
 import json
 import re
 import time
+import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import quote
@@ -98,6 +102,7 @@ def build_request(run: Run, *, url_template: str, secret: bytes | None, now: flo
     headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
+        "Accept-Encoding": "identity",
         "X-Request-Id": run.request_id,
         "Idempotency-Key": run.request_id,
     }
@@ -170,7 +175,9 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> int | N
 def new_session(*, concurrency: int) -> aiohttp.ClientSession:
     """The one HTTP client of a listener: keep-alive connections, as many as invocations in flight."""
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, ttl_dns_cache=60)
-    return aiohttp.ClientSession(connector=connector, auto_decompress=True, raise_for_status=False)
+    # aiohttp's own decompression inflates whatever arrives, however large: _read_capped does it,
+    # capped.
+    return aiohttp.ClientSession(connector=connector, auto_decompress=False, raise_for_status=False)
 
 
 class Invoker:
@@ -250,16 +257,43 @@ def _describe(exc: BaseException) -> str:
 
 
 async def _read_capped(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
-    """At most MAX_BODY_BYTES of the body, and whether there was more."""
-    length = response.content_length
-    if length is not None and length <= MAX_BODY_BYTES:
-        return await response.read(), False  # the common case: a small body of known length
+    """At most MAX_BODY_BYTES of the body (decompressed), and whether there was more."""
+    encoding = response.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        length = response.content_length
+        if length is not None and length <= MAX_BODY_BYTES:
+            return await response.read(), False  # the common case: a small body of known length
+        return await _read_raw(response, MAX_BODY_BYTES)
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        return await _inflate_capped(response)
+    raw, _ = await _read_raw(response, MAX_BODY_BYTES)
+    return raw, True  # an encoding this listener does not read: never parsed as the answer
+
+
+async def _read_raw(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.content.iter_any():
         chunks.append(chunk)
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return b"".join(chunks)[:MAX_BODY_BYTES], True
+        if size > limit:
+            return b"".join(chunks)[:limit], True
     return b"".join(chunks), False
 
+
+async def _inflate_capped(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+    """A gzip or zlib-wrapped deflate body, inflated up to MAX_BODY_BYTES + 1 bytes and no further
+    (zlib's max_length keeps the rest of the input unread)."""
+    inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)  # 32: a gzip or a zlib header, either
+    out = bytearray()
+    try:
+        async for chunk in response.content.iter_any():
+            data = chunk
+            while data and len(out) <= MAX_BODY_BYTES:
+                out += inflater.decompress(data, MAX_BODY_BYTES + 1 - len(out))
+                data = inflater.unconsumed_tail
+            if len(out) > MAX_BODY_BYTES:
+                return bytes(out[:MAX_BODY_BYTES]), True
+    except zlib.error:
+        return bytes(out), True  # not what it claims to be: what inflated is an excerpt, no more
+    return bytes(out), False

@@ -25,6 +25,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,10 @@ CLAIM_STOP_WAIT_S = 5.0
 FORCED_WAIT_S = 1.0
 # How often the systemd STATUS= line is refreshed (when it changed).
 SYSTEMD_STATUS_EVERY_S = 5.0
+# While the database is waited for at start: systemd's start timeout is extended by
+# START_EXTEND_S every START_EXTEND_EVERY_S (always ahead of it, with room for a late loop).
+START_EXTEND_S = 30.0
+START_EXTEND_EVERY_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +88,10 @@ class Listener:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.ready = asyncio.Event()  # LISTEN is active and a sweep has run since
+        self.waiting_for_database = asyncio.Event()  # a first attempt at start failed
         self.metrics = Metrics()
         self._lost_seen: int | None = None  # the audit row of the last lost run counted
+        self._counting_lost = False
         self._stopping = asyncio.Event()
         self._force = asyncio.Event()
         self._stopped = False
@@ -95,7 +102,8 @@ class Listener:
                             worker_id=settings.worker_id, pool_size=settings.pool_size,
                             on_success=self._database_answered)
         self._clock = Clock(self._db, sweep_interval_s=settings.sweep_interval_s,
-                            listening=lambda: self._notifications.listening, on_tick=self._ticked)
+                            listening=lambda: self._notifications.listening, on_tick=self._ticked,
+                            on_marked=self._marked)
         self._notifications = Notifications(
             settings.listen_database_url, application_name=settings.application_name,
             on_notify=self._notified, on_connected=self._clock.request_sweep,
@@ -123,7 +131,10 @@ class Listener:
             self._force.set()
 
     def _task_failed(self, failure: TaskFailed) -> None:
-        self.stop(f"{failure.task} failed")
+        # A shutdown under way goes on as it was asked for: a failure during a graceful drain
+        # is no second signal (the listener still exits 1).
+        if not self._stopping.is_set():
+            self.stop(f"{failure.task} failed")
 
     def status(self) -> ListenerStatus:
         failure = self._supervisor.failure
@@ -148,8 +159,13 @@ class Listener:
         elif self._dispatcher is not None:
             self._dispatcher.wake()
 
+    def _marked(self, marked: int) -> None:
+        """A chunk of a tick marked runs: claim them now, before the tick is over."""
+        if self._dispatcher is not None:
+            self._dispatcher.wake()
+
     def _ticked(self, marked: int, sweep: bool, listened: bool) -> None:
-        self.metrics.ticked()
+        self.metrics.ticked()  # only a whole tick, the one that expires leases, counts
         if marked:
             logger.debug("tick marked %d run%s", marked, "" if marked == 1 else "s",
                          extra={"event": "tick", "marked": marked, "sweep": sweep})
@@ -162,11 +178,18 @@ class Listener:
 
     async def _count_lost_runs(self) -> None:
         """pgdispatch_runs_lost_total: the runs that ended lost since the last sweep (the first
-        sweep only learns where to start)."""
+        sweep only learns where to start). One count at a time: two that overlapped would both
+        read from the same audit row and count the same runs twice; a sweep that finds one under
+        way leaves it to the next."""
+        if self._counting_lost:
+            return
+        self._counting_lost = True
         try:
             lost, last_id = await self._db.lost_runs_after(self._lost_seen)
         except DatabaseUnavailable:
             return  # the next sweep looks again; the outage is reported elsewhere
+        finally:
+            self._counting_lost = False
         if self._lost_seen is not None and lost:
             self.metrics.lost.inc(lost)
         self._lost_seen = last_id
@@ -194,6 +217,7 @@ class Listener:
             try:
                 await self._db.verify()
             except DatabaseUnavailable as exc:
+                self.waiting_for_database.set()
                 delay = backoff.next_delay()
                 logger.warning("database unavailable, retrying in %.1f s", delay,
                                extra={"event": "database_reconnecting", "attempt": backoff.failures,
@@ -223,6 +247,7 @@ class Listener:
             spawn(self._completer.run(), "pgdispatch-completion-writer")
             spawn(self._completer.retry(), "pgdispatch-completion-retry")
             spawn(dispatcher.releaser(), "pgdispatch-release")
+            spawn(self._db.heal(), "pgdispatch-pool-heal")
             for i in range(settings.concurrency):
                 spawn(dispatcher.worker(), f"pgdispatch-worker-{i}")
             claimer = spawn(dispatcher.claim_loop(), "pgdispatch-claim")
@@ -252,13 +277,29 @@ class Listener:
                 return FORCED_WAIT_S
             return max(FORCED_WAIT_S, settings.grace_s - (time.monotonic() - started))
 
+        async def step(name: str, call: Coroutine[Any, Any, Any]) -> None:
+            """Await `call` (which logs its own failures) while the grace period lasts; a second
+            signal cuts it to FORCED_WAIT_S from then, even in the middle of the step."""
+            task = asyncio.ensure_future(call)
+            step_started = time.monotonic()
+            await _first(force, task=task, timeout_s=left())
+            if not task.done() and force.is_set():
+                await asyncio.wait([task], timeout=FORCED_WAIT_S)
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                waited_s = round(time.monotonic() - step_started, 1)
+                logger.warning("gave up %s after %.1f s", name, waited_s,
+                               extra={"event": "shutdown_step_timed_out", "step": name,
+                                      "timeout_s": waited_s})
+
         await self._supervisor.cancel(services)
         # A claim in progress is let finish: what it returns is handed back below.
         await _first(force, task=claimer, timeout_s=CLAIM_STOP_WAIT_S)
         await self._supervisor.cancel([claimer, *self._supervisor.running("pgdispatch-release")])
         unstarted = dispatcher.take_unstarted()
         if unstarted:
-            await self._bounded(dispatcher.release(unstarted, reason="the listener is stopping"), left())
+            await step("handing back", dispatcher.release(unstarted, reason="the listener is stopping"))
 
         in_flight = self._budget.in_flight
         if in_flight:
@@ -274,28 +315,25 @@ class Listener:
         if cancelled:
             logger.warning("cancelled %d in-flight invocations: they are retried when their lease expires",
                            cancelled, extra={"event": "invocations_cancelled", "count": cancelled})
-        late = dispatcher.take_unstarted()  # taken by a worker after the release above
-        if late:
-            await self._bounded(dispatcher.release(late, reason="the listener is stopping"), left())
+        late = dispatcher.take_unstarted()  # taken by a worker after the release above, or put
+        if late:                              # back by a release that was cut short
+            await step("handing back", dispatcher.release(late, reason="the listener is stopping"))
+        unreleased = dispatcher.take_unstarted()  # cut short again: said, run by run
+        if unreleased:
+            dispatcher.name_unreleased(unreleased, "the listener stopped before they could be handed back")
 
         # What finished is recorded (if the parts that record are alive); what cannot be is
         # said, run by run.
         if self._supervisor.running("pgdispatch-completion-writer"):
-            await self._completer.flush(left())
+            await step("recording", self._completer.flush(settings.grace_s))
         if self._completer.deferred and self._supervisor.running("pgdispatch-completion-retry"):
-            await self._completer.settle(left())
+            logger.info("waiting up to %.1f s for %d kept outcomes to be recorded", left(),
+                        self._completer.deferred,
+                        extra={"event": "settling", "deferred": self._completer.deferred,
+                               "timeout_s": round(left(), 1)})
+            await step("settling", self._completer.settle(settings.grace_s))
         await self._supervisor.cancel(self._supervisor.running("pgdispatch-completion"))
         self._completer.abandon_all("the listener stopped before the outcome could be recorded")
-
-    @staticmethod
-    async def _bounded(call: Any, timeout_s: float) -> None:
-        """Await `call` (which logs its own failures) for at most timeout_s."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await call
-        except TimeoutError:
-            logger.warning("gave up waiting after %.1f s", timeout_s,
-                           extra={"event": "shutdown_step_timed_out", "timeout_s": timeout_s})
 
 
 def _systemd_status(listener: Listener) -> str:
@@ -317,7 +355,12 @@ def _systemd_status(listener: Listener) -> str:
 async def _tell_systemd(listener: Listener, notifier: Notifier) -> None:
     """READY=1 once LISTEN is active (and a first sweep ran), then STATUS= whenever it changes."""
     notifier.status("starting: connecting to the database")
-    await listener.ready.wait()
+    await _first(listener.ready, listener.waiting_for_database, timeout_s=float("inf"))
+    # READY=1 waits for the database, however long it is down; systemd's start timeout is there
+    # for a listener that hangs, so it is extended for as long as the listener is waiting.
+    while not listener.ready.is_set():
+        notifier.extend_timeout(START_EXTEND_S, "starting: waiting for the database")
+        await _first(listener.ready, timeout_s=START_EXTEND_EVERY_S)
     last = _systemd_status(listener)
     notifier.ready(last)
     while True:

@@ -25,6 +25,7 @@ class Run:
     lease_deadline: float  # time.monotonic() at which the lease is gone for sure
     timeout_s: float | None = None  # the invocation timeout (claim_runs: the schedule's, else the listener's)
     fire_at: datetime | None = None  # the slot plus the schedule's jitter offset (None: the slot)
+    kind: str | None = None  # scheduled, manual or backfill (None: a schema that does not say)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

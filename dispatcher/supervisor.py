@@ -2,9 +2,11 @@
 
 A task that dies unseen is the worst failure a daemon has: the claimer stops and nothing says
 so, while the watchdog keeps pinging. Every task of a listener is spawned here; one that raises,
-or returns while it should run until the listener stops, is logged with its traceback
-(`task_failed`, naming it), marks the supervisor unhealthy (so the systemd watchdog stops
-pinging) and calls `on_failure`, which stops the listener: it exits 1 and systemd restarts it.
+returns while it should run until the listener stops, or ends cancelled while the listener is
+not stopping and nobody here cancelled it (a CancelledError that leaked from somewhere), is
+logged with its traceback (`task_failed`, naming it), marks the supervisor unhealthy (so the
+systemd watchdog stops pinging) and calls `on_failure`, which stops the listener: it exits 1
+and systemd restarts it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
-__all__ = ["Supervisor", "TaskFailed"]
+__all__ = ["Supervisor", "TaskCancelled", "TaskFailed"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,11 +30,16 @@ class TaskFailed(Exception):
         self.error = error
 
 
+class TaskCancelled(Exception):
+    """A task ended cancelled although nobody asked it to stop."""
+
+
 class Supervisor:
     def __init__(self, on_failure: Callable[[TaskFailed], None]) -> None:
         self._on_failure = on_failure
         self._tasks: dict[asyncio.Task[Any], bool] = {}  # task -> must run until the listener stops
         self._stopping = False
+        self._cancelled: set[asyncio.Task[Any]] = set()  # cancelled by cancel(): an expected end
         self.failure: TaskFailed | None = None
 
     @property
@@ -52,9 +59,15 @@ class Supervisor:
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         until_stopped = self._tasks.pop(task, False)
+        asked = task in self._cancelled
+        self._cancelled.discard(task)
+        error: BaseException | None
         if task.cancelled():
-            return
-        error = task.exception()
+            if asked or self._stopping:
+                return
+            error = TaskCancelled(f"{task.get_name()} ended cancelled while the listener was running")
+        else:
+            error = task.exception()
         if error is None and (not until_stopped or self._stopping):
             return
         if error is None:
@@ -72,6 +85,7 @@ class Supervisor:
         """Cancel `tasks` (default: all still running) and wait for them; how many were running."""
         chosen = [task for task in (list(self._tasks) if tasks is None else tasks) if not task.done()]
         for task in chosen:
+            self._cancelled.add(task)
             task.cancel()
         await asyncio.gather(*chosen, return_exceptions=True)
         return len(chosen)

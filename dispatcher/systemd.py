@@ -2,7 +2,9 @@
 unix socket $NOTIFY_SOCKET names (a path, or `@name` for the abstract namespace).
 
 The listener says READY=1 once LISTEN is active, STATUS=… as things change, WATCHDOG=1 every half
-of $WATCHDOG_USEC while its event loop is healthy, and STOPPING=1 when it shuts down. Outside
+of $WATCHDOG_USEC while its event loop is healthy, and STOPPING=1 when it shuts down. While it
+waits for the database at start, it extends the start timeout (EXTEND_TIMEOUT_USEC=…) again and
+again, so that systemd's TimeoutStartSec bounds a listener that hangs, not a database outage. Outside
 systemd (no $NOTIFY_SOCKET) every call does nothing.
 """
 
@@ -70,6 +72,10 @@ class Notifier:
 
     def status(self, status: str) -> bool:
         return self.notify(f"STATUS={status}")
+
+    def extend_timeout(self, seconds: float, status: str) -> bool:
+        """Ask for `seconds` more of the current timeout (the start timeout, before READY=1)."""
+        return self.notify(f"EXTEND_TIMEOUT_USEC={round(seconds * 1_000_000)}", f"STATUS={status}")
 
     def stopping(self, status: str = "stopping") -> bool:
         return self.notify("STOPPING=1", f"STATUS={status}")

@@ -1,5 +1,24 @@
 -- dispatch.claim_runs: pending -> running, the attempt incremented and returned as the fence.
 
+-- Both functions' results end with kind (scheduled, manual, backfill), added last so that a
+-- caller reading the columns by position is unaffected. A result type cannot be changed in
+-- place: an install over the earlier shape drops them first (90_grants.sql grants them again);
+-- a re-install finds kind there and drops nothing.
+DO $$
+DECLARE
+    fn regprocedure;
+BEGIN
+    FOREACH fn IN ARRAY ARRAY[
+        pg_catalog.to_regprocedure('dispatch.claim_runs(text, integer, interval, interval)'),
+        pg_catalog.to_regprocedure('dispatch._start_runs(bigint[], text, interval, interval)')]
+    LOOP
+        IF fn IS NOT NULL AND pg_catalog.pg_get_function_result(fn) NOT LIKE '%kind text)' THEN
+            EXECUTE pg_catalog.format('DROP FUNCTION %s', fn);
+        END IF;
+    END LOOP;
+END
+$$;
+
 -- The claimed runs, which the caller's transaction holds, to running. Found by id through
 -- runs_pkey whatever the statistics say: they lag behind this table, and an autovacuum that ran
 -- while a tick's chunk of 64,000 runs was being inserted (not yet visible, so not counted) left
@@ -19,7 +38,8 @@ RETURNS TABLE (
     attempt       integer,
     lease_until   timestamptz,
     timeout       interval,
-    fire_at       timestamptz
+    fire_at       timestamptz,
+    kind          text
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -44,7 +64,7 @@ BEGIN
     WHERE r.id = ANY (_start_runs.ids) AND s.id = r.schedule_id
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
               r.request_id, r.scheduled_for, r.attempt, r.lease_until,
-              coalesce(s.timeout, _start_runs.default_timeout), r.fire_at;
+              coalesce(s.timeout, _start_runs.default_timeout), r.fire_at, r.kind;
 END
 $$;
 
@@ -65,7 +85,8 @@ RETURNS TABLE (
     attempt       integer,
     lease_until   timestamptz,
     timeout       interval,
-    fire_at       timestamptz
+    fire_at       timestamptz,
+    kind          text
 )
 -- PL/pgSQL rather than SQL: PostgreSQL plans a (non-inlined) SQL function on every call, and
 -- planning these statements costs more than running them.
@@ -161,4 +182,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION dispatch.claim_runs(text, integer, interval, interval) IS
-    'Move up to max_runs pending runs of live schedules to running for worker and return what is needed to invoke them (fire_at: the instant the run fires at, its slot plus the schedule''s jitter offset): runs whose not_before is over first (retries, slots that waited for their jittered instant), then runs in slot order (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits). attempt is the fencing token to pass to complete_runs or release_runs: each claim of a run gets a higher one, a claim handed back included. timeout is the invocation timeout to apply: the schedule''s, else default_timeout (the caller''s). lease_until is now + lease, plus the schedule''s timeout minus default_timeout when the schedule has its own: lease must be longer than default_timeout (at most 1 day; 22023 otherwise): give default_timeout plus a margin. Runs that must not start end instead: a retry past the next slot or beyond max_attempts (error), a first attempt past misfire_grace, a run of a stopped schedule (skipped).';
+    'Move up to max_runs pending runs of live schedules to running for worker and return what is needed to invoke them (fire_at: the instant the run fires at, its slot plus the schedule''s jitter offset; kind: scheduled, manual or backfill, last so that callers reading by position are unaffected): runs whose not_before is over first (retries, slots that waited for their jittered instant), then runs in slot order (FOR UPDATE SKIP LOCKED: concurrent callers never get the same run, nothing waits). attempt is the fencing token to pass to complete_runs or release_runs: each claim of a run gets a higher one, a claim handed back included. timeout is the invocation timeout to apply: the schedule''s, else default_timeout (the caller''s). lease_until is now + lease, plus the schedule''s timeout minus default_timeout when the schedule has its own: lease must be longer than default_timeout (at most 1 day; 22023 otherwise): give default_timeout plus a margin. Runs that must not start end instead: a retry past the next slot or beyond max_attempts (error), a first attempt past misfire_grace, a run of a stopped schedule (skipped).';

@@ -2,7 +2,9 @@
 psycopg's tests/fix_proxy.py): it can black-hole the connections it holds (nothing comes through,
 nothing is closed: no FIN, no RST, as when a NAT entry expires or a load balancer fails over),
 stall them until resumed, or reset them (RST). Connections made after a fault are forwarded
-again, as a new path through a NAT or a load balancer would be."""
+again, as a new path through a NAT or a load balancer would be, unless it refuses them: then
+nothing listens on its port (connect() gets ECONNREFUSED, as from a pooler or a host that is
+down) until it accepts again, on the same port."""
 
 from __future__ import annotations
 
@@ -37,8 +39,22 @@ class Proxy:
         self.accepted = 0
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
         self.port = self._server.sockets[0].getsockname()[1]
+
+    async def refuse(self) -> int:
+        """Stop listening (new connections are refused) and reset every connection held now; how
+        many there were."""
+        server, self._server = self._server, None
+        assert server is not None
+        server.close()
+        held = self.reset()
+        await server.wait_closed()
+        return held
+
+    async def accept_again(self) -> None:
+        """Listen again, on the same port."""
+        await self.start()
 
     def url(self, dsn: str) -> str:
         """`dsn` with this proxy as its host and port."""

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+import pytest
 from aiohttp import web
 
 from .kit import Call, Running, Sink, add_schedules, mark_all_due, scalar, until
@@ -151,7 +153,8 @@ async def test_a_dead_listen_session_is_noticed_by_its_probe_while_the_pool_is_f
     assert {"database_connection_lost", "database_reconnected"} <= set(events(caplog))
     reconnected = next(r for r in caplog.records if getattr(r, "event", "") == "database_reconnected")
     assert min(call.arrived_wall for call in sink.calls) > reconnected.created  # not before: it was lost
-    assert listen_proxy.accepted == 2
+    # The first session, the cancel request sent for the probe given up on, and the new session.
+    assert listen_proxy.accepted == 3
     print(f"LISTEN replaced and runs dispatched in {time.monotonic() - started:.1f} s")
 
 
@@ -205,3 +208,53 @@ async def test_at_shutdown_what_cannot_be_written_or_handed_back_is_logged_run_b
     assert all(r.levelno == logging.ERROR for r in abandoned)
     # Left running: their leases expire and they are retried under the same request id.
     assert db.execute("SELECT DISTINCT status FROM dispatch.runs").fetchall() == [("running",)]
+
+
+async def _pool_path_refused_for(
+    outage_s: float, db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    proxies: list[Proxy], start_listener: StartListener,
+) -> float:
+    """The pool's path refuses new connections (its connections reset) for outage_s while the
+    LISTEN session stays up, with runs due all along; seconds from the path's return to the
+    first run at the function."""
+    pool_proxy, listen_proxy = proxies
+    await start_listener(database_url=pool_proxy.url(dsn), listen_database_url=listen_proxy.url(dsn),
+                         sweep_interval_s=60.0)
+    await warmed_up(db, adb, sink)
+    add_schedules(db, 5)
+    assert await pool_proxy.refuse() == 4
+    assert mark_all_due(db) == 5  # the NOTIFY arrives; every claim fails for want of a connection
+    await asyncio.sleep(outage_s)  # the outage itself: what the test is about
+    assert not sink.calls
+    await pool_proxy.accept_again()
+    back = time.monotonic()
+    await until(lambda: sink.calls, within=30, what="a run at the function after the path came back")
+    took = sink.calls[0].arrived_mono - back
+    await until(lambda: scalar(adb, "SELECT count(*) = 5 FROM dispatch.runs WHERE status = 'ok'"),
+                what="the five runs recorded")
+    assert sorted(sink.by_request_id().values()) == [1] * 5
+    assert listen_proxy.accepted == 1  # LISTEN never reconnected: nothing reset the pool from there
+    print(f"first run at the function {took:.1f} s after a {outage_s:g} s outage of the pool's path")
+    return took
+
+
+async def test_the_pool_heals_within_5_s_of_its_path_coming_back(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    proxies: list[Proxy], start_listener: StartListener,
+) -> None:
+    """Issue 21 item 2: psycopg_pool's reconnection doubles its delay without a cap, and only a
+    LISTEN reconnect used to start a new pool. 20 s is long enough for the doubling to leave
+    8 s or more between the path's return and its next attempt."""
+    took = await _pool_path_refused_for(20.0, db, adb, dsn, sink, proxies, start_listener)
+    assert took < 5.0
+
+
+@pytest.mark.long
+@pytest.mark.skipif(not os.environ.get("PGDISPATCH_TEST_LONG"),
+                    reason="a 60 s outage: set PGDISPATCH_TEST_LONG=1")
+async def test_the_pool_heals_within_5_s_of_its_path_coming_back_after_a_minute(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    proxies: list[Proxy], start_listener: StartListener,
+) -> None:
+    took = await _pool_path_refused_for(60.0, db, adb, dsn, sink, proxies, start_listener)
+    assert took < 5.0

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import socket
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,6 +330,52 @@ async def test_a_100_mb_body_is_not_read_and_memory_stays_bounded(
     assert rows == [("ok", 200)] * 5
     assert (peak - baseline) < 40 * 1024, f"RSS grew from {baseline} kB to {peak} kB"
     assert sent[0] < 5 * 20 * MB, f"the sink got to send {sent[0] / MB:.0f} MB"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_compression_bomb_is_not_inflated_past_the_cap(
+    db: psycopg.Connection, dsn: str, raw_sink: RawSink, encoding: str,
+) -> None:
+    """Issue 21 item 6: a 61 KB gzip answer (Content-Length says 61 KB) became a 60 MiB body,
+    because the cap trusted Content-Length and aiohttp decompressed everything behind it."""
+    inflated = 60 * MB
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    compressor = zlib.compressobj(9, zlib.DEFLATED, wbits)
+    bomb = compressor.compress(b"x" * inflated) + compressor.flush()
+    assert len(bomb) < 100 * 1024
+    accepted: list[str] = []
+
+    async def bombing(request: web.Request) -> web.StreamResponse:
+        accepted.append(request.headers.get("Accept-Encoding", ""))
+        return web.Response(status=500, body=bomb, headers={"Content-Encoding": encoding})
+
+    raw_sink.answer = bombing
+    for i in range(5):
+        _insert(db, "acme", f"fn{i}")
+    db.execute("UPDATE dispatch.schedules SET max_attempts = 1")
+    proc = await ListenerProcess.start("--database-url", dsn, "--invoke-url", raw_sink.template,
+                                       "--worker-id", "bomb", "--sweep-interval", "60")
+    try:
+        await proc.wait_event("listening")
+        baseline = _rss_kb(proc.proc.pid)
+        peak = baseline
+        mark_all_due(db)
+
+        async def finished() -> bool:
+            nonlocal peak
+            peak = max(peak, _rss_kb(proc.proc.pid))
+            row = db.execute(
+                "SELECT count(*) FILTER (WHERE finished_at IS NOT NULL) FROM dispatch.runs").fetchone()
+            return row == (5,)
+
+        await until(finished, within=30, interval=0.02, what="five runs finished")
+    finally:
+        await proc.kill()
+    rows = db.execute("SELECT status, http_status, error FROM dispatch.runs").fetchall()
+    # The excerpt is of the inflated body: decompressed, but only up to the cap.
+    assert rows == [("error", 500, "HTTP 500: " + "x" * 200)] * 5
+    assert (peak - baseline) < 40 * 1024, f"RSS grew from {baseline} kB to {peak} kB"
+    assert accepted == ["identity"] * 5  # nothing compressed is asked for
 
 
 # -- secrets ---------------------------------------------------------------------------------------

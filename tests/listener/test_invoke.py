@@ -48,6 +48,7 @@ def test_request_shape() -> None:
     assert request.headers == {
         "Content-Type": "application/json",
         "User-Agent": f"pgdispatch/{__version__}",
+        "Accept-Encoding": "identity",
         "X-Request-Id": "sched_abc",
         "Idempotency-Key": "sched_abc",
         "X-Dispatch-Signature": sign(SECRET, request.body, 1_700_000_000),

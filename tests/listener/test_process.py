@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import psycopg.conninfo
 from aiohttp import web
 
 from .kit import Call, ListenerProcess, Sink, add_schedules, mark_all_due, until
+from .proxy import Proxy
 
 SECRET = "do-not-log-this-secret"  # noqa: S105
 PASSWORD = "do-not-log-this-password"  # noqa: S105
@@ -85,12 +87,15 @@ async def test_second_signal_cancels_what_is_in_flight(db: psycopg.Connection, d
         proc.signal(signal.SIGINT)
         await proc.wait_event("draining")
         proc.signal(signal.SIGINT)
+        forced = time.monotonic()
         assert await proc.wait(within=10) == 0
+        took = time.monotonic() - forced
     finally:
         release.set()
         await proc.kill()
     cancelled = proc.events("invocations_cancelled")
     assert cancelled and cancelled[0]["count"] == 2
+    assert took < 2.0, f"the second signal took {took:.1f} s to end the listener"
     # Left running under this worker: their leases expire and they are retried, same request id.
     rows: list[Any] = db.execute("SELECT status, worker FROM dispatch.runs").fetchall()
     assert rows == [("running", "proc")] * 2
@@ -112,3 +117,33 @@ async def test_the_event_loop_is_uvloop_when_installed_unless_told(dsn: str, sin
                                        env={"PYTHONPATH": str(tmp_path)})
     assert await proc.wait() == 2
     assert "pip install 'pgdispatch[uvloop]'" in "".join(proc.raw)
+
+
+async def test_a_second_signal_ends_the_listener_within_2_s_even_with_the_database_gone(
+    db: psycopg.Connection, dsn: str, sink: Sink, proxies: list[Proxy],
+) -> None:
+    """Issue 21 item 8: a second signal that came while the shutdown waited for outcomes kept
+    for the database (gone: its path refuses connections) did not cut that wait short."""
+    release = asyncio.Event()
+    _hold(sink, release)
+    add_schedules(db, 2)
+    (proxy, _) = proxies
+    proc = await ListenerProcess.start(*_args(proxy.url(dsn), sink, grace_period="60", concurrency="2"))
+    try:
+        await proc.wait_event("listening")
+        mark_all_due(db)
+        await until(lambda: len(sink.calls) == 2, what="two invocations in flight")
+        await proxy.refuse()
+        release.set()  # their outcomes cannot be written now: kept for the database
+        await proc.wait_event("completions_deferred", within=15)
+        proc.signal(signal.SIGINT)
+        await proc.wait_event("settling")
+        proc.signal(signal.SIGINT)
+        forced = time.monotonic()
+        assert await proc.wait(within=60) == 0
+        took = time.monotonic() - forced
+    finally:
+        release.set()
+        await proc.kill()
+    assert took < 2.0, f"the second signal took {took:.1f} s to end the listener"
+    assert len(proc.events("completion_abandoned")) == 2  # and said, run by run

@@ -147,3 +147,46 @@ async def test_a_healthy_listener_still_stops_with_0(db: psycopg.Connection, dsn
     finally:
         await proc.kill()
     assert not proc.events("task_failed")
+
+
+async def acancelled(*_: Any, **__: Any) -> Any:
+    """A CancelledError that leaked from somewhere: nobody asked the task to stop."""
+    raise asyncio.CancelledError
+
+
+def inject_claim_cancelled(listener: Listener, db: psycopg.Connection) -> None:
+    listener._db.claim = acancelled  # type: ignore[method-assign]
+    mark_all_due(db)
+
+
+def inject_workers_cancelled(listener: Listener, db: psycopg.Connection) -> None:
+    assert listener._dispatcher is not None
+    listener._dispatcher._invoker.invoke = acancelled  # type: ignore[method-assign]
+    mark_all_due(db)
+
+
+@pytest.mark.parametrize(("inject", "task"), [
+    (inject_claim_cancelled, "pgdispatch-claim"),
+    (inject_workers_cancelled, "pgdispatch-worker-"),
+])
+async def test_a_task_that_ends_cancelled_while_the_listener_runs_is_a_failure(
+    db: psycopg.Connection, sink: Sink, start_listener: StartListener, caplog: Any,
+    inject: Callable[[Listener, psycopg.Connection], None], task: str,
+) -> None:
+    """Issue 21 item 3 and issue 26: a leaked CancelledError once killed the claimer (or every
+    worker) while status() said healthy and SIGTERM exited 0."""
+    caplog.set_level(logging.INFO)
+    add_schedules(db, 2)
+    running = await start_listener(concurrency=2)
+    inject(running.listener, db)
+
+    with pytest.raises(TaskFailed) as failed:
+        await asyncio.wait_for(running.task, 15)
+    assert failed.value.task.startswith(task)
+    status = running.listener.status()
+    assert (status.state, status.healthy, status.failed_task) == ("failed", False, failed.value.task)
+    logged = [r for r in caplog.records if getattr(r, "event", None) == "task_failed"]
+    assert logged and getattr(logged[0], "task", "").startswith(task)
+    # However a worker ended, its share of the budget came back.
+    budget = running.listener._budget
+    assert (budget.in_flight, budget.outstanding) == (0, 0)

@@ -9,9 +9,11 @@ import socket
 
 import aiohttp
 import psycopg
+import psycopg.conninfo
 from aiohttp import web
 
 from tests.listener.kit import Call, ListenerProcess, Sink, add_schedules, until
+from tests.listener.proxy import Proxy
 from tests.ops.conftest import metric_samples
 
 NOWHERE = "http://127.0.0.1:9/projects/{project_id}/functions/{function_name}"
@@ -56,6 +58,45 @@ async def test_listener_process_notifies_systemd(abstract_socket: tuple[str, soc
     assert messages.index(stopping[0]) > messages.index(ready)
     assert messages[0] == "STATUS=starting: connecting to the database"
     assert messages[-1] == "STOPPING=1\nSTATUS=stopped"
+
+
+async def test_the_start_timeout_is_extended_while_the_database_is_waited_for(
+    abstract_socket: tuple[str, socket.socket], db: psycopg.Connection, dsn: str,
+) -> None:
+    """Issue 21 item 9: READY=1 waits for the database, and the unit's TimeoutStartSec=60 made
+    systemd restart a listener every minute through a long outage at boot. While it waits, the
+    listener asks for more time (EXTEND_TIMEOUT_USEC), then says READY=1 once the database is back."""
+    address, server = abstract_socket
+    loop = asyncio.get_running_loop()
+    messages: list[str] = []
+
+    async def receive() -> None:
+        while True:
+            messages.append((await loop.sock_recv(server, 4096)).decode())
+
+    port = int(psycopg.conninfo.conninfo_to_dict(dsn)["port"] or 5432)
+    proxy = Proxy(port)
+    await proxy.start()
+    await proxy.refuse()  # the database is not there at boot
+    receiver = asyncio.create_task(receive())
+    proc = await ListenerProcess.start(
+        "--database-url", proxy.url(dsn), "--invoke-url", NOWHERE,
+        "--worker-id", "sd-boot", "--sweep-interval", "60", env={"NOTIFY_SOCKET": address})
+    try:
+        await until(lambda: any("EXTEND_TIMEOUT_USEC=" in m for m in messages), within=10,
+                    what="EXTEND_TIMEOUT_USEC")
+        extend = next(m for m in messages if "EXTEND_TIMEOUT_USEC=" in m).split("\n")
+        assert "EXTEND_TIMEOUT_USEC=30000000" in extend
+        assert any(line.startswith("STATUS=starting: waiting for the database") for line in extend)
+        assert not any("READY=1" in m for m in messages)
+        await proxy.accept_again()
+        await until(lambda: any("READY=1" in m for m in messages), within=15, what="READY=1")
+        proc.signal(signal.SIGTERM)
+        assert await proc.wait() == 0
+    finally:
+        await proc.kill()
+        receiver.cancel()
+        await proxy.close()
 
 
 async def _scrape(port: int) -> dict[str, float]:

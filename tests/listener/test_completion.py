@@ -1,0 +1,109 @@
+"""Outcomes the database cannot take now: how the kept ones are retried. A DBA's transaction
+left open in psql holds run rows, so that dispatch.complete_runs answers `busy` for them, while
+a real listener goes on dispatching."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+from aiohttp import web
+
+from .kit import Call, Running, Sink, add_schedules, mark_all_due, scalar, until
+
+StartListener = Callable[..., Awaitable[Running]]
+
+
+def _held_until(sink: Sink, function_name: str, go: asyncio.Event) -> None:
+    async def held(request: web.Request, call: Call) -> web.StreamResponse:
+        await go.wait()
+        return web.json_response({"ok": True})
+
+    sink.handlers[function_name] = held
+
+
+async def _lock_runs(dsn: str, function_name: str) -> psycopg.AsyncConnection[Any]:
+    """A session that holds the running runs of `function_name` (FOR UPDATE), in a transaction
+    left open, as a DBA's psql would."""
+    conn = await psycopg.AsyncConnection.connect(dsn)
+    await conn.execute("SELECT r.id FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id"
+                       " WHERE s.function_name = %s AND r.status = 'running' FOR UPDATE OF r",
+                       (function_name,))
+    return conn
+
+
+async def test_an_outcome_kept_behind_a_full_batch_of_busy_ones_is_retried(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    start_listener: StartListener,
+) -> None:
+    """Issue 21 item 5: the retry always took the first 250 kept outcomes, so one kept behind 250
+    that stayed busy was never retried. Kept outcomes are retried oldest first, in rotation."""
+    held_go, late_go = asyncio.Event(), asyncio.Event()
+    _held_until(sink, "held", held_go)
+    _held_until(sink, "late", late_go)
+    add_schedules(db, 250, function_name="held")
+    add_schedules(db, 1, function_name="late")
+    running = await start_listener(concurrency=260)
+    mark_all_due(db)
+    await until(lambda: len(sink.calls) == 251, what="all 251 invocations in flight")
+    holding_held = await _lock_runs(dsn, "held")
+    holding_late = await _lock_runs(dsn, "late")
+    try:
+        held_go.set()
+        await until(lambda: running.listener.status().deferred == 250, what="250 busy outcomes kept")
+        late_go.set()
+        await until(lambda: running.listener.status().deferred == 251, what="the late one kept behind them")
+        await holding_late.commit()  # the late run is free; the 250 ahead of it stay held
+        await until(lambda: scalar(adb, "SELECT r.status = 'ok' FROM dispatch.runs r"
+                                        " JOIN dispatch.schedules s ON s.id = r.schedule_id"
+                                        " WHERE s.function_name = 'late'"),
+                    within=5, what="the late outcome recorded while 250 ahead of it stay busy")
+    finally:
+        await holding_held.close()
+        await holding_late.close()
+    await until(lambda: scalar(adb, "SELECT count(*) = 251 FROM dispatch.runs WHERE status = 'ok'"),
+                within=10, what="every outcome recorded once the DBA's transaction is gone")
+
+
+async def test_a_busy_outcome_is_not_retried_at_every_other_call(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    start_listener: StartListener, caplog: Any,
+) -> None:
+    """Issue 21 item 4: a busy outcome was retried after every successful call of the listener's
+    (hundreds a second beside other traffic). Busy outcomes keep their own back-off."""
+    caplog.set_level(logging.DEBUG, logger="dispatcher.completion")
+    go = asyncio.Event()
+    _held_until(sink, "held", go)
+    add_schedules(db, 1, function_name="held")
+    add_schedules(db, 20, function_name="other")
+    running = await start_listener(concurrency=30)
+    mark_all_due(db)
+    await until(lambda: scalar(adb, "SELECT count(*) = 20 FROM dispatch.runs WHERE status = 'ok'"),
+                what="the other runs done")
+    holding = await _lock_runs(dsn, "held")
+    try:
+        go.set()
+        await until(lambda: running.listener.status().deferred == 1, what="the busy outcome kept")
+        caplog.clear()
+        # Other traffic for 3 s: manual runs of the other schedules, claimed and recorded.
+        started = time.monotonic()
+        while time.monotonic() - started < 3.0:
+            await adb.execute(
+                "SELECT dispatch.run_now(s.id) FROM dispatch.schedules s WHERE s.function_name = 'other'"
+                " AND NOT EXISTS (SELECT FROM dispatch.runs r WHERE r.schedule_id = s.id"
+                "                 AND r.status IN ('pending', 'running'))")
+            await asyncio.sleep(0.05)  # traffic, not synchronisation
+        retries = sum(1 for r in caplog.records if getattr(r, "event", None) == "completion_deferred")
+        others = await scalar(adb, "SELECT count(*) FROM dispatch.runs WHERE status = 'ok'")
+    finally:
+        await holding.close()
+    assert others > 100, "the test made too little other traffic to tell"
+    # Its own back-off (about 0.1 s doubling to 2 s) allows about 6 retries in 3 s.
+    assert retries <= 10, f"a busy outcome was retried {retries} times in 3 s beside {others} other runs"
+    await until(lambda: scalar(adb, "SELECT r.status = 'ok' FROM dispatch.runs r JOIN dispatch.schedules s"
+                                    " ON s.id = r.schedule_id WHERE s.function_name = 'held'"),
+                within=5, what="the busy outcome recorded once the transaction is gone")
