@@ -58,7 +58,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # The schema this listener is written for: dispatch.migrations must reach this version.
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 19
 # Liveness defaults for every connection (libpq parameters; a URL that sets one wins): an idle
 # connection whose peer vanished is probed after 5 s and given up after 3 more probes 2 s apart,
 # data unacknowledged for 10 s fails the connection, and a connect attempt gives up after 5 s.
@@ -180,12 +180,14 @@ def _text_array(values: Sequence[str | None]) -> str:
     ) + "}"
 
 
-async def _load_as_text(conn: LiveConnection) -> None:
+async def _configure(conn: LiveConnection) -> None:
     """Claimed runs keep jsonb and uuid as the server's text: the args are spliced into the request
     body as they are (parsing and re-encoding them cost more than the rest of building it), and a
-    schedule id is only ever sent on as text."""
+    schedule id is only ever sent on as text. Each call's transaction is READ COMMITTED whatever
+    the database's default_transaction_isolation: dispatch.tick refuses an older snapshot."""
     for type_name in ("jsonb", "uuid"):
         conn.adapters.register_loader(type_name, TextLoader)
+    await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
 
 
 def _server_bound(deadline: float) -> str:
@@ -245,8 +247,10 @@ async def connect(conninfo: str, *, application_name: str, timeout_s: float = CA
     """A direct autocommit session (outside the pool), with the liveness defaults."""
     try:
         async with asyncio.timeout(timeout_s):
-            return await LiveConnection.connect(
+            conn = await LiveConnection.connect(
                 with_liveness(conninfo), autocommit=True, application_name=application_name)
+            await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
+            return conn
     except TimeoutError:
         raise DatabaseUnavailable(f"no connection within {timeout_s:g} s") from None
     except psycopg.Error as exc:
@@ -300,7 +304,7 @@ class Database:
             with_liveness(self._conninfo),
             connection_class=LiveConnection,
             kwargs={"autocommit": True, "application_name": self._application_name},
-            configure=_load_as_text,
+            configure=_configure,
             min_size=self._pool_size,
             max_size=self._pool_size,
             open=False,
@@ -497,6 +501,13 @@ class Database:
         rows = await self._fetch("SELECT marked, taken FROM dispatch.tick_chunk(%s)", (max_runs,),
                                  timeout_s=TICK_TIMEOUT_S)
         return int(rows[0]["marked"]), int(rows[0]["taken"])
+
+    async def skipped_slots_after(self, after_id: int | None) -> tuple[dict[str, int], int]:
+        """Slots in the gaps recorded after audit row `after_id`, by reason (None: zeros, and where
+        to start), and the id to pass next time."""
+        rows = await self._fetch("SELECT reason, slots, last_id FROM dispatch.skipped_slots_after(%s)",
+                                 (after_id,))
+        return {row["reason"]: int(row["slots"]) for row in rows}, int(rows[0]["last_id"])
 
     async def lost_runs_after(self, after_id: int | None) -> tuple[int, int]:
         """Runs that ended lost after audit row `after_id` (None: 0, and where to start), and the id

@@ -91,6 +91,7 @@ class Listener:
         self.waiting_for_database = asyncio.Event()  # a first attempt at start failed
         self.metrics = Metrics()
         self._lost_seen: int | None = None  # the audit row of the last lost run counted
+        self._skipped_seen: int | None = None  # and of the last gap of skipped slots
         self._counting_lost = False
         self._stopping = asyncio.Event()
         self._force = asyncio.Event()
@@ -174,25 +175,30 @@ class Listener:
         if sweep and listened:
             self.ready.set()
         if sweep:
-            self._supervisor.spawn(self._count_lost_runs(), "pgdispatch-lost-runs", until_stopped=False)
+            self._supervisor.spawn(self._count_audited(), "pgdispatch-lost-runs", until_stopped=False)
 
-    async def _count_lost_runs(self) -> None:
-        """pgdispatch_runs_lost_total: the runs that ended lost since the last sweep (the first
-        sweep only learns where to start). One count at a time: two that overlapped would both
-        read from the same audit row and count the same runs twice; a sweep that finds one under
-        way leaves it to the next."""
+    async def _count_audited(self) -> None:
+        """pgdispatch_runs_lost_total and pgdispatch_slots_skipped_total: the runs that ended lost
+        and the slots recorded as skipped since the last sweep (the first sweep only learns where to
+        start). One count at a time: two that overlapped would both read from the same audit row
+        and count the same rows twice; a sweep that finds one under way leaves it to the next."""
         if self._counting_lost:
             return
         self._counting_lost = True
         try:
-            lost, last_id = await self._db.lost_runs_after(self._lost_seen)
+            lost, lost_id = await self._db.lost_runs_after(self._lost_seen)
+            skipped, skipped_id = await self._db.skipped_slots_after(self._skipped_seen)
         except DatabaseUnavailable:
             return  # the next sweep looks again; the outage is reported elsewhere
         finally:
             self._counting_lost = False
         if self._lost_seen is not None and lost:
             self.metrics.lost.inc(lost)
-        self._lost_seen = last_id
+        if self._skipped_seen is not None:
+            for reason, slots in skipped.items():
+                if slots:
+                    self.metrics.slots_skipped.labels(reason).inc(slots)
+        self._lost_seen, self._skipped_seen = lost_id, skipped_id
 
     def _recorded(self, count: int) -> None:
         self._budget.recorded(count)

@@ -53,6 +53,12 @@ class Metrics:
             "Runs of any listener that ended lost (a lease expired on the last attempt), counted by this "
             "listener since it started: every listener counts them all, so aggregate with max.",
             registry=registry)
+        self.slots_skipped = Counter(
+            "pgdispatch_slots_skipped",
+            "Slots of any schedule that passed with no run, in recorded gaps (audit schedule.slots.skipped),"
+            " by reason (overlap, catch-up, misfire, pause, disabled), counted by this listener since it"
+            " started: every listener counts them all, so aggregate with max.",
+            ["reason"], registry=registry)
         self.reconnects = Counter(
             "pgdispatch_database_reconnects", "Times the LISTEN session came back after losing the database.",
             registry=registry)

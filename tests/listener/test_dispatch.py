@@ -53,6 +53,21 @@ async def test_500_due_slots_are_each_invoked_once_and_recorded(
     assert not_advanced == (0,)
 
 
+async def test_the_listener_ticks_at_read_committed_whatever_the_databases_default(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener
+) -> None:
+    """dispatch.tick refuses REPEATABLE READ (its decisions need a snapshot newer than its locks): a
+    database whose default_transaction_isolation a DBA raised still gets its slots marked by the
+    listener's own ticks."""
+    db.execute(f"ALTER DATABASE {db.info.dbname} SET default_transaction_isolation = 'repeatable read'")
+    add_schedules(db, 20, cron="* * * * *")
+    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now())")  # due, unmarked
+    await start_listener()
+    await until(lambda: scalar(adb, "SELECT count(*) = 20 FROM dispatch.runs WHERE status = 'ok'"),
+                within=30, what="20 runs marked by the listener's tick and recorded ok")
+    assert len(sink.calls) == 20
+
+
 async def test_three_listeners_share_2000_slots_without_duplicates(
     db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener
 ) -> None:
@@ -242,8 +257,9 @@ async def test_a_claim_in_progress_at_shutdown_is_handed_back_unstarted(
     released = [getattr(record, "count", None) for record in caplog.records
                 if getattr(record, "event", None) == "runs_released"]
     assert released == [3], "the claim that waited on the lock got the three runs and handed them back"
-    rows = db.execute("SELECT status, attempt, worker FROM dispatch.runs").fetchall()
-    assert rows == [("pending", 0, None)] * 3
+    # handed back uninvoked: no attempt used up, and the claim's token is never handed out again
+    rows = db.execute("SELECT status, attempt, released, worker FROM dispatch.runs").fetchall()
+    assert rows == [("pending", 1, 1, None)] * 3
 
 
 async def test_reconnects_after_pg_terminate_backend_and_sweeps(

@@ -61,9 +61,31 @@ async def test_lost_runs_are_counted_once_when_sweeps_overlap(
 
     await until(expired, what="the three leases expired")
     # Two sweeps' counts under way at once.
-    await asyncio.gather(listener._count_lost_runs(), listener._count_lost_runs())
-    await listener._count_lost_runs()
+    await asyncio.gather(listener._count_audited(), listener._count_audited())
+    await listener._count_audited()
     assert _sample(running, "pgdispatch_runs_lost_total") == 3
+
+
+async def test_skipped_slots_are_counted_by_reason(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener,
+) -> None:
+    """The slots a catch-up passed over (a minutely schedule five minutes behind: its latest runs,
+    the others are one recorded gap) show in pgdispatch_slots_skipped_total{reason}, once."""
+    running = await start_listener()
+    listener = running.listener
+    await until(lambda: listener._skipped_seen is not None, what="the first sweep's count")
+    add_schedules(db, 1, cron="* * * * *")
+    db.execute("UPDATE dispatch.schedules"
+               " SET next_run_at = date_trunc('minute', now()) - interval '5 minutes'")
+    await adb.execute("SELECT dispatch.tick()")
+    gap = await scalar(adb, "SELECT (metadata->>'count')::int FROM dispatch.audit_log"
+                            " WHERE action = 'schedule.slots.skipped'")
+    assert gap >= 5
+    await asyncio.gather(listener._count_audited(), listener._count_audited())
+    await listener._count_audited()
+    sample = listener.metrics.registry.get_sample_value
+    assert sample("pgdispatch_slots_skipped_total", {"reason": "catch-up"}) == gap
+    assert sample("pgdispatch_slots_skipped_total", {"reason": "overlap"}) in (None, 0)
 
 
 async def test_the_last_tick_gauge_waits_for_a_tick_that_expires_leases(
