@@ -8,10 +8,11 @@ discarded, and the caller retries on a new one.
 
 Every client deadline is a server deadline too (invariant 9): a call the listener gives up on
 must not go on waiting for a lock on the server and commit a claim, a completion or a tick
-later. Each call runs in a transaction of its own whose `statement_timeout` (and
-`lock_timeout`) is what is left of the call's bound, less SERVER_MARGIN_S, set with SET LOCAL in
-the same round trip (a pipeline): per transaction, so that it holds through a transaction
-pooler, and bounding the statement as a whole, not each lock wait. A call cancelled at its
+later. Each call is one message of the simple protocol, one implicit transaction: its
+`statement_timeout` (and `lock_timeout`) set with SET LOCAL to what is left of the call's bound,
+less SERVER_MARGIN_S, then the statement, committed by the server as it ends (_bounded): per
+transaction, so that it holds through a transaction pooler, and bounding the statement as a
+whole, not each lock wait. A call cancelled at its
 deadline also sends the server a cancel request, fire and forget, before its connection is
 closed.
 
@@ -90,7 +91,12 @@ CHECK_AFTER_IDLE_S = 1.0
 SERVER_MARGIN_S = 0.25
 # A cancel request sent when a call is given up is not waited for longer than this.
 CANCEL_TIMEOUT_S = 2.0
-_BOUND = "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)"
+# Sent before each call's statement, in the same message: its transaction is READ COMMITTED whatever
+# the database's or role's default_transaction_isolation (dispatch.tick refuses an older snapshot
+# than its locks), and bounded on the server. All of it is the transaction's own, so a transaction
+# pooler (PgBouncer) may hand the next call another server session.
+_BOUND = ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = '{bound}';"
+          " SET LOCAL lock_timeout = '{bound}'; ")
 _COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 # Every column, read by position: kind (the twelfth) is there only once the install that added it
 # has run, and a listener must keep working on the install before.
@@ -183,11 +189,9 @@ def _text_array(values: Sequence[str | None]) -> str:
 async def _configure(conn: LiveConnection) -> None:
     """Claimed runs keep jsonb and uuid as the server's text: the args are spliced into the request
     body as they are (parsing and re-encoding them cost more than the rest of building it), and a
-    schedule id is only ever sent on as text. Each call's transaction is READ COMMITTED whatever
-    the database's default_transaction_isolation: dispatch.tick refuses an older snapshot."""
+    schedule id is only ever sent on as text."""
     for type_name in ("jsonb", "uuid"):
         conn.adapters.register_loader(type_name, TextLoader)
-    await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
 
 
 def _server_bound(deadline: float) -> str:
@@ -198,12 +202,17 @@ def _server_bound(deadline: float) -> str:
 
 async def _bounded(conn: LiveConnection, query: str, params: tuple[Any, ...],
                    row_factory: AsyncRowFactory[Row], deadline: float) -> list[Row]:
-    """`query` in a transaction of its own that the server ends by `deadline`; one round trip."""
+    """`query`, which the server ends by `deadline`, in one message of the simple protocol: the
+    settings of _BOUND, then the statement, in one implicit transaction that the server commits as
+    soon as the statement ends. Not BEGIN ... COMMIT: the locks the statement took would be held
+    until the listener's COMMIT went out, which waits for the event loop (a busy loop, a stopped
+    process), and a user's write to the schedule would wait on the listener."""
     bound = _server_bound(deadline)
-    async with conn.pipeline(), conn.transaction():
-        await conn.execute(_BOUND, (bound, bound))
-        cursor = conn.cursor(row_factory=row_factory)
-        await cursor.execute(query, params)
+    cursor = psycopg.AsyncClientCursor(conn, row_factory=row_factory)
+    statement = cursor.mogrify(query, params)
+    await cursor.execute(_BOUND.format(bound=bound) + statement)
+    while cursor.nextset():  # the SETs' results, then the statement's
+        pass
     return await cursor.fetchall()
 
 
@@ -247,10 +256,8 @@ async def connect(conninfo: str, *, application_name: str, timeout_s: float = CA
     """A direct autocommit session (outside the pool), with the liveness defaults."""
     try:
         async with asyncio.timeout(timeout_s):
-            conn = await LiveConnection.connect(
+            return await LiveConnection.connect(
                 with_liveness(conninfo), autocommit=True, application_name=application_name)
-            await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
-            return conn
     except TimeoutError:
         raise DatabaseUnavailable(f"no connection within {timeout_s:g} s") from None
     except psycopg.Error as exc:

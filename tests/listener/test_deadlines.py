@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 
 from dispatcher.database import CALL_TIMEOUT_S
 
-from .kit import ListenerProcess, Sink, add_schedules, mark_all_due, scalar, until
+from .kit import ListenerProcess, Running, Sink, add_schedules, mark_all_due, scalar, until
 from .proxy import Proxy
+
+StartListener = Callable[..., Awaitable[Running]]
 
 WORKER = "deadline"
 
@@ -127,3 +130,22 @@ async def test_a_statement_is_bounded_as_a_whole_not_per_lock_wait(
         await first.close()
         await second.close()
         await proc.kill()
+
+
+async def test_no_call_holds_its_transaction_open_waiting_on_the_listener(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener,
+) -> None:
+    """Each call's statement commits on the server as soon as it ends. A transaction the
+    listener opened and had to close (BEGIN ... COMMIT) kept what it locked, a schedule among
+    them, until the event loop sent the COMMIT: a DBA's UPDATE of that schedule then waited on
+    the listener, and a test that paused a schedule from the loop's own thread hung for good."""
+    add_schedules(db, 300)
+    running = await start_listener()
+    mark_all_due(db)
+    seen: set[str] = set()
+    while not await scalar(adb, "SELECT count(*) = 300 FROM dispatch.runs WHERE status = 'ok'"):
+        cursor = await adb.execute(
+            "SELECT state FROM pg_stat_activity WHERE application_name = %s",
+            (running.listener.settings.application_name,))
+        seen |= {state for (state,) in await cursor.fetchall()}
+    assert "idle in transaction" not in seen, seen
