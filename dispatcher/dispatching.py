@@ -28,6 +28,9 @@ logger = logging.getLogger(__name__)
 # Without prefetch, when less than a batch worth a claim is free, wait this long for more to
 # free up, so that a busy listener claims in batches rather than a run per round trip.
 CLAIM_BATCH_WAIT_S = 0.005
+# A release that got fewer runs back than it asked for is asked again this often, this far apart.
+RELEASE_RETRIES = 3
+RELEASE_RETRY_S = 0.3
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
@@ -194,6 +197,15 @@ class Dispatcher:
         unknown, and handing a run back twice changes nothing (the attempt fences it)."""
         try:
             released = await self._db.release(runs)
+            # Fewer than asked: another transaction holds some of them (release_runs skips what is
+            # locked). Often an earlier call of ours that was cut short and reached the server
+            # late: it aborts once it finds its client gone. Asked again a few times; what is
+            # still not confirmed is named (it may already be pending; its lease expires if not).
+            for _ in range(RELEASE_RETRIES):
+                if released >= len(runs):
+                    break
+                await asyncio.sleep(RELEASE_RETRY_S)
+                released += await self._db.release(runs)
         except asyncio.CancelledError:
             self._unstarted[:0] = runs
             raise
@@ -203,6 +215,9 @@ class Dispatcher:
         else:
             logger.info("handed %d unstarted runs back to pending", released,
                         extra={"event": "runs_released", "count": released, "reason": reason})
+            if released < len(runs):
+                self.name_unreleased(runs, f"{len(runs) - released} of {len(runs)} not confirmed handed back:"
+                                           " held by another transaction, or already moved on")
         self._budget.settled(len(runs))
         self._slot_freed.set()
         return released
