@@ -265,6 +265,8 @@ class DispatchWalk(RuleBasedStateMachine):
         assert s.clock.execute("SELECT status, attempt, worker FROM dispatch.runs WHERE id = %s",
                                (c.run_id,)).fetchone() == before
         DispatchWalk.seen_outcomes["late call"] += 1
+        if not release_it:
+            DispatchWalk.seen_outcomes["fenced"] += 1  # an outcome of a spent token: fenced out
 
     # -- administrators -----------------------------------------------------------------------
 
@@ -295,6 +297,12 @@ class DispatchWalk(RuleBasedStateMachine):
     def admin_changes(self, pick: int, change: str, expr: str) -> None:
         self.step()
         sid = self.pick(pick)
+        if change in ("disable", "pause", "delete") and self.retry_at:
+            # a stop while a run waits for its retry, when there is one: it ends with its last outcome
+            waiting = self.sessions.clock.execute(
+                "SELECT schedule_id::text FROM dispatch.runs WHERE id = ANY (%s) AND status = 'pending'"
+                " ORDER BY id", (list(self.retry_at),)).fetchall()
+            sid = waiting[pick % len(waiting)][0] if waiting else sid
         if sid == self.dba_holds:
             return  # the DBA's open transaction holds it: the administrator would wait on the DBA
         update = "UPDATE dispatch.schedules SET {} WHERE id = %s"
@@ -382,6 +390,19 @@ class DispatchWalk(RuleBasedStateMachine):
             " WHERE id = %s",
             (disable, sid))
         self.dba_open, self.dba_holds = "edit", sid
+        # the outcome of that run arrives now: busy, kept by the listener, never waited on
+        held = [(i, c) for i, claims in enumerate(self.claims) for c in claims if c.schedule_id == sid]
+        if of_a_claimed_run and held:
+            i, c = held[0]
+            running = self.sessions.clock.execute(
+                "SELECT status = 'running' AND attempt = %s FROM dispatch.runs WHERE id = %s",
+                (c.attempt, c.run_id)).fetchone()
+            recorded, _, busy, _ = self.sessions.listeners[i].execute(
+                "CALL dispatch.complete_run(%s, %s, %s, 'ok', NULL, 200, 5, false, NULL)",
+                (c.run_id, f"w{i}", c.attempt)).fetchone()  # type: ignore[misc]
+            assert (recorded, busy) == ((False, True) if running == (True,) else (False, False))
+            if busy:
+                DispatchWalk.seen_outcomes["busy"] += 1
 
     @precondition(lambda self: self.dba_open is None)
     @rule()

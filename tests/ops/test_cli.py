@@ -332,7 +332,7 @@ def test_interval_and_jitter(cli: Callable[..., Result], db: psycopg.Connection)
         (["add", "--project", "acme", "--function", "f", "--every", "soonish"],
          "argument --every: 'soonish' is not a duration"),
         (["add", "--project", "acme", "--function", "f", "--every", "10s", "--jitter", "1m"],
-         "jitter (00:01:00) must not exceed every (00:00:10)"),
+         "jitter (00:01:00) must not exceed the shortest time between two slots (00:00:10)"),
         (["add", "--project", "acme", "--function", "f"], "one of the arguments --cron --every is required"),
         (["update", "{unknown}", "--every", "1m"], "no schedule {unknown}"),
         (["show", "{unknown}"], "no schedule {unknown}"),
