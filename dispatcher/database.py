@@ -8,12 +8,13 @@ discarded, and the caller retries on a new one.
 
 Every client deadline is a server deadline too (invariant 9): a call the listener gives up on
 must not go on waiting for a lock on the server and commit a claim, a completion or a tick
-later. Each call runs in a transaction of its own whose `statement_timeout` (and
-`lock_timeout`) is what is left of the call's bound, less SERVER_MARGIN_S, set with SET LOCAL in
-the same round trip (a pipeline): per transaction, so that it holds through a transaction
-pooler, and bounding the statement as a whole, not each lock wait. A call cancelled at its
-deadline also sends the server a cancel request, fire and forget, before its connection is
-closed.
+later. Each call is one simple-query message, `SET LOCAL statement_timeout = …; SET LOCAL
+lock_timeout = …; <the statement>`, which PostgreSQL runs as one implicit transaction: the bound
+is what is left of the call's, less SERVER_MARGIN_S; it is per transaction, so it holds through
+a transaction pooler; it bounds the statement as a whole, not each lock wait; and the server
+commits or rolls back on its own, without waiting for the client between statements. A call
+cancelled at its deadline also sends the server a cancel request, fire and forget, before its
+connection is closed.
 
 Errors come in two kinds. DatabaseUnavailable: the database is down, unreachable or slow to
 answer; wait and retry. DatabaseMisconfigured: it answered, and the answer will not change by
@@ -90,7 +91,6 @@ CHECK_AFTER_IDLE_S = 1.0
 SERVER_MARGIN_S = 0.25
 # A cancel request sent when a call is given up is not waited for longer than this.
 CANCEL_TIMEOUT_S = 2.0
-_BOUND = "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)"
 _COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 # Every column, read by position: kind (the twelfth) is there only once the install that added it
 # has run, and a listener must keep working on the install before.
@@ -188,20 +188,26 @@ async def _load_as_text(conn: LiveConnection) -> None:
         conn.adapters.register_loader(type_name, TextLoader)
 
 
-def _server_bound(deadline: float) -> str:
-    """statement_timeout for a statement that must end by `deadline` (time.monotonic())."""
+def _server_bound_ms(deadline: float) -> int:
+    """statement_timeout, in ms, for a statement that must end by `deadline` (time.monotonic())."""
     left_s = deadline - time.monotonic()
-    return f"{max(1, int((left_s - min(SERVER_MARGIN_S, left_s / 4)) * 1000))}ms"
+    return max(1, int((left_s - min(SERVER_MARGIN_S, left_s / 4)) * 1000))
 
 
 async def _bounded(conn: LiveConnection, query: str, params: tuple[Any, ...],
                    row_factory: AsyncRowFactory[Row], deadline: float) -> list[Row]:
-    """`query` in a transaction of its own that the server ends by `deadline`; one round trip."""
-    bound = _server_bound(deadline)
-    async with conn.pipeline(), conn.transaction():
-        await conn.execute(_BOUND, (bound, bound))
-        cursor = conn.cursor(row_factory=row_factory)
-        await cursor.execute(query, params)
+    """`query` in an implicit transaction of its own that the server ends by `deadline`.
+
+    One Query message (the parameters bound client-side): the statements of a multi-statement
+    simple query run as one transaction that commits at its end, or rolls back at the first
+    error, on the server alone; and each statement gets its own statement_timeout, so the SET
+    LOCALs bound the statement after them (PostgreSQL 13 and later)."""
+    ms = _server_bound_ms(deadline)
+    cursor = psycopg.AsyncClientCursor(conn, row_factory=row_factory)
+    await cursor.execute(f"SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}; {query}",
+                         params)
+    while cursor.description is None and cursor.nextset():
+        pass  # the results of the two SETs
     return await cursor.fetchall()
 
 
