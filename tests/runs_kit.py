@@ -7,7 +7,10 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["add_schedule", "claim", "complete", "complete_many", "expire", "make_due", "release", "scalar"]
+__all__ = ["YEARLY", "add_schedule", "audit_of", "claim", "complete", "complete_many", "expire", "make_due",
+           "mark_yearly", "release", "run_row", "scalar"]
+
+YEARLY = "0 0 1 1 *"  # marked with tick(now() + 1 year): its next slot is a year after the run's
 
 
 def add_schedule(db: psycopg.Connection, expr: str = "* * * * *", **columns: Any) -> str:
@@ -95,3 +98,21 @@ def expire(db: psycopg.Connection, run_id: int) -> None:
     while not scalar(db, "SELECT lease_until < now() FROM dispatch.runs WHERE id = %s", (run_id,)):
         assert time.monotonic() < deadline, "lease did not expire"
     db.execute("SELECT dispatch.tick()")
+
+
+def mark_yearly(db: psycopg.Connection) -> None:
+    db.execute("SELECT dispatch.tick(now() + interval '1 year')")
+
+
+def run_row(db: psycopg.Connection, run_id: int) -> dict[str, Any]:
+    row = db.cursor(row_factory=psycopg.rows.dict_row).execute(
+        "SELECT * FROM dispatch.runs WHERE id = %s", (run_id,)).fetchone()
+    assert row is not None
+    return row
+
+
+def audit_of(db: psycopg.Connection, run_id: int) -> list[tuple[str, dict[str, Any]]]:
+    """The audit rows of a run, oldest first: (action, metadata)."""
+    return [(action, metadata) for action, metadata in db.execute(
+        "SELECT action, metadata FROM dispatch.audit_log WHERE metadata->>'runId' = %s ORDER BY id",
+        (str(run_id),))]

@@ -11,27 +11,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from .runs_kit import add_schedule, claim, complete, make_due, scalar
-
-YEARLY = "0 0 1 1 *"  # marked with tick(now() + 1 year): its next slot is a year after the run's
-
-
-def mark_yearly(db: psycopg.Connection) -> None:
-    db.execute("SELECT dispatch.tick(now() + interval '1 year')")
-
-
-def run_row(db: psycopg.Connection, run_id: int) -> dict[str, Any]:
-    cur = db.cursor(row_factory=psycopg.rows.dict_row)
-    row = cur.execute("SELECT * FROM dispatch.runs WHERE id = %s", (run_id,)).fetchone()
-    assert row is not None
-    return row
-
-
-def audit_of(db: psycopg.Connection, run_id: int) -> list[tuple[str, dict[str, Any]]]:
-    return [(action, metadata) for action, metadata in db.execute(
-        "SELECT action, metadata FROM dispatch.audit_log WHERE metadata->>'runId' = %s ORDER BY id",
-        (str(run_id),))]
-
+from .runs_kit import YEARLY, add_schedule, audit_of, claim, complete, make_due, mark_yearly, run_row, scalar
 
 # -- validation ------------------------------------------------------------------------------
 

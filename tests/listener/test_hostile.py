@@ -284,6 +284,24 @@ def _rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+async def _rss_while_five_runs_finish(db: psycopg.Connection, proc: ListenerProcess,
+                                     within: float) -> tuple[int, int]:
+    """The listener's RSS once it listens, and its peak while the five due runs finish (kB)."""
+    await proc.wait_event("listening")
+    baseline = peak = _rss_kb(proc.proc.pid)
+    mark_all_due(db)
+
+    async def finished() -> bool:
+        nonlocal peak
+        peak = max(peak, _rss_kb(proc.proc.pid))
+        row = db.execute(
+            "SELECT count(*) FILTER (WHERE finished_at IS NOT NULL) FROM dispatch.runs").fetchone()
+        return row == (5,)
+
+    await until(finished, within=within, interval=0.02, what="five runs finished")
+    return baseline, peak
+
+
 @pytest.mark.parametrize("with_length", [True, False])
 async def test_a_100_mb_body_is_not_read_and_memory_stays_bounded(
     db: psycopg.Connection, dsn: str, raw_sink: RawSink, with_length: bool,
@@ -310,19 +328,7 @@ async def test_a_100_mb_body_is_not_read_and_memory_stays_bounded(
     proc = await ListenerProcess.start("--database-url", dsn, "--invoke-url", raw_sink.template,
                                        "--worker-id", "rss", "--timeout", "20", "--sweep-interval", "60")
     try:
-        await proc.wait_event("listening")
-        baseline = _rss_kb(proc.proc.pid)
-        peak = baseline
-        mark_all_due(db)
-
-        async def finished() -> bool:
-            nonlocal peak
-            peak = max(peak, _rss_kb(proc.proc.pid))
-            row = db.execute(
-                "SELECT count(*) FILTER (WHERE finished_at IS NOT NULL) FROM dispatch.runs").fetchone()
-            return row == (5,)
-
-        await until(finished, within=60, interval=0.02, what="five runs finished")
+        baseline, peak = await _rss_while_five_runs_finish(db, proc, within=60)
     finally:
         await proc.kill()
     rows = db.execute("SELECT status, http_status FROM dispatch.runs").fetchall()
@@ -356,19 +362,7 @@ async def test_a_compression_bomb_is_not_inflated_past_the_cap(
     proc = await ListenerProcess.start("--database-url", dsn, "--invoke-url", raw_sink.template,
                                        "--worker-id", "bomb", "--sweep-interval", "60")
     try:
-        await proc.wait_event("listening")
-        baseline = _rss_kb(proc.proc.pid)
-        peak = baseline
-        mark_all_due(db)
-
-        async def finished() -> bool:
-            nonlocal peak
-            peak = max(peak, _rss_kb(proc.proc.pid))
-            row = db.execute(
-                "SELECT count(*) FILTER (WHERE finished_at IS NOT NULL) FROM dispatch.runs").fetchone()
-            return row == (5,)
-
-        await until(finished, within=30, interval=0.02, what="five runs finished")
+        baseline, peak = await _rss_while_five_runs_finish(db, proc, within=30)
     finally:
         await proc.kill()
     rows = db.execute("SELECT status, http_status, error FROM dispatch.runs").fetchall()
