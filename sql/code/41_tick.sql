@@ -76,10 +76,7 @@ BEGIN
                               THEN format('lease of %s expired on attempt %s of %s', r.worker, r.attempt - r.released,
                                           s.max_attempts)
                               ELSE format('lease of %s expired on attempt %s after the schedule was %s: it may have run',
-                                          r.worker, r.attempt,
-                                          CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
-                                               WHEN s.paused_at IS NOT NULL THEN 'paused'
-                                               ELSE 'disabled' END)
+                                          r.worker, r.attempt, dispatch._stopped_as(s))
                          END, 500)
         FROM dispatch.schedules s
         WHERE r.id = ANY (ids) AND s.id = r.schedule_id AND r.status = 'running'

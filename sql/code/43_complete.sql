@@ -143,7 +143,8 @@ BEGIN
                    -- a backfill slot is old by definition: only a scheduled run's retry races
                    -- the next slot
                    CASE WHEN x.kind = 'scheduled'
-                        THEN dispatch._next_slot(s.cron_spec, x.scheduled_for, s.timezone) END AS next_slot
+                        THEN dispatch._next_slot(s.cron_spec, x.scheduled_for, s.timezone) END AS next_slot,
+                   dispatch._stopped_as(s) AS stopped
             FROM dispatch.runs x
             JOIN dispatch.schedules s ON s.id = x.schedule_id
             JOIN unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
@@ -152,13 +153,6 @@ BEGIN
                  AS i(id, status, error, http_status, duration_ms, retryable, retry_after_ms) ON i.id = x.id
             WHERE x.id = ANY (taken) AND i.status = 'error' AND i.retryable
               AND x.attempt - x.released < s.max_attempts
-        ), stopped AS (
-            SELECT x.id, CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted'
-                              WHEN s.paused_at IS NOT NULL THEN 'paused' ELSE 'disabled' END AS why
-            FROM candidate c
-            JOIN dispatch.runs x ON x.id = c.id
-            JOIN dispatch.schedules s ON s.id = x.schedule_id
-            WHERE NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
         ), retried AS (
             UPDATE dispatch.runs x
             SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL, not_before = c.at,
@@ -168,14 +162,13 @@ BEGIN
                     'httpStatus', c.http_status, 'durationMs', c.duration_ms, 'claimedAt', x.claimed_at,
                     'at', clock)
             FROM candidate c
-            WHERE x.id = c.id AND (c.next_slot IS NULL OR c.at < c.next_slot)
-              AND c.id NOT IN (SELECT t.id FROM stopped t)
+            WHERE x.id = c.id AND (c.next_slot IS NULL OR c.at < c.next_slot) AND c.stopped IS NULL
             RETURNING x.id, x.not_before
         )
         SELECT array_agg(r.id), array_agg(r.not_before),
-               (SELECT array_agg(c.id) FROM candidate c WHERE c.at >= c.next_slot
-                  AND c.id NOT IN (SELECT t.id FROM stopped t)),
-               (SELECT array_agg(t.id) FROM stopped t), (SELECT array_agg(t.why) FROM stopped t)
+               (SELECT array_agg(c.id) FROM candidate c WHERE c.at >= c.next_slot AND c.stopped IS NULL),
+               (SELECT array_agg(c.id ORDER BY c.id) FROM candidate c WHERE c.stopped IS NOT NULL),
+               (SELECT array_agg(c.stopped ORDER BY c.id) FROM candidate c WHERE c.stopped IS NOT NULL)
         INTO retried_ids, retried_at, too_late, stopped_ids, stopped_why FROM retried r;
         IF retried_ids IS NOT NULL THEN
             PERFORM pg_notify('dispatch', 'schedules');  -- listeners' clocks wake for the retry
