@@ -55,6 +55,15 @@ def test_run_now_marks_a_manual_run_due_now_and_leaves_the_slots_alone(
     assert scalar(db, "SELECT count(DISTINCT request_id) FROM dispatch.runs") == 2
 
 
+def test_a_manual_run_fires_at_the_instant_it_is_due(db: psycopg.Connection) -> None:
+    # Its fire_at is its scheduled_for, to the microsecond: a later fire_at reads as jitter to
+    # the function (invoker.fireAt) and to the buffer_one release.
+    sid = add_schedule(db, "0 0 1 1 *", overlap="allow")
+    for _ in range(50):
+        run_now(db, sid)
+    assert scalar(db, "SELECT count(*) FILTER (WHERE fire_at <> scheduled_for) FROM dispatch.runs") == 0
+
+
 def test_the_slot_that_came_due_behind_a_manual_run_is_marked_when_it_ends(db: psycopg.Connection) -> None:
     sid = add_schedule(db, "* * * * *")
     run_id = run_now(db, sid)

@@ -121,8 +121,9 @@ BEGIN
     -- Due at the instant of the call, with its own request id; the schedule's slots stay as
     -- they are (dispatch._advance_schedules leaves them to scheduled runs).
     INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, kind, not_before)
-    VALUES (s.id, clock_timestamp(), clock_timestamp(), 'manual',
-            CASE WHEN s.overlap = 'buffer_one' AND open_run.id IS NOT NULL THEN timestamptz 'infinity' END)
+    SELECT s.id, due.at, due.at, 'manual',
+           CASE WHEN s.overlap = 'buffer_one' AND open_run.id IS NOT NULL THEN timestamptz 'infinity' END
+    FROM (SELECT clock_timestamp() AS at) due  -- one instant: a later fire_at would read as jitter
     RETURNING r.* INTO run;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
     VALUES (session_user, s.project_id, 'schedule.run_now', jsonb_build_object(
