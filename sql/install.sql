@@ -88,6 +88,7 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \ir code/70_views.sql
 \ir code/75_metrics.sql
 \ir code/80_operator.sql
+\ir code/85_explain.sql
 \ir code/90_grants.sql
 COMMIT;
 

@@ -1028,6 +1028,50 @@ $$;
 
 
 --
+-- Name: _explain_next(dispatch.cron_spec, timestamp with time zone, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._explain_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN dispatch.cron_spec_next(spec, after, tz);
+EXCEPTION WHEN OTHERS THEN
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: _explain_open(dispatch.schedules); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._explain_open(s dispatch.schedules) RETURNS TABLE(id bigint, kind text, status text, scheduled_for timestamp with time zone, fire_at timestamp with time zone, not_before timestamp with time zone, attempt integer, released integer, worker text, claimed_at timestamp with time zone, lease_until timestamp with time zone, error text, verdict text)
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT r.id, r.kind, r.status, r.scheduled_for, r.fire_at, r.not_before, r.attempt, r.released, r.worker,
+           r.claimed_at, r.lease_until, r.error,
+           CASE WHEN r.status = 'running' AND r.lease_until < now() THEN 'expired'
+                WHEN r.status = 'running' THEN 'running'
+                WHEN dispatch._stopped_as(s) IS NOT NULL THEN 'stale'
+                WHEN r.not_before = 'infinity' AND r.kind = 'backfill' THEN 'waits_turn'
+                WHEN r.not_before = 'infinity' THEN 'buffered'
+                WHEN r.not_before > now() THEN CASE WHEN r.attempt > r.released THEN 'retry_wait'
+                                                    ELSE 'jitter_wait' END
+                WHEN dispatch._missed(r, s) THEN 'missed'
+                WHEN r.not_before IS NOT NULL AND r.attempt > r.released
+                     AND r.attempt - r.released >= s.max_attempts THEN 'late'
+                WHEN r.not_before IS NOT NULL AND r.kind = 'scheduled' AND r.attempt > r.released
+                     AND now() >= dispatch._explain_next(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
+                ELSE 'pending' END
+    FROM dispatch.runs r
+    WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
+$$;
+
+
+--
 -- Name: _finish_runs(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -1133,6 +1177,18 @@ BEGIN
     END IF;
     RETURN ready;
 END
+$$;
+
+
+--
+-- Name: _instant(timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._instant(t timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT CASE WHEN isfinite(t) THEN date_trunc('second', t)::text ELSE t::text END
 $$;
 
 
@@ -1929,6 +1985,27 @@ BEGIN
         slots := least(slots, 10000);
     END IF;
 END
+$$;
+
+
+--
+-- Name: _span(interval); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._span(d interval) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT CASE
+        WHEN d IS NULL THEN NULL
+        WHEN d < interval '0' THEN '-' || dispatch._span(-d)
+        WHEN d >= interval '1 day' THEN floor(extract(epoch FROM d) / 86400)::bigint || ' d '
+                                        || extract(hour FROM justify_hours(d))::int || ' h'
+        WHEN d >= interval '1 hour' THEN extract(hour FROM d)::int || ' h ' || extract(minute FROM d)::int || ' min'
+        WHEN d >= interval '1 minute' THEN extract(minute FROM d)::int || ' min ' || floor(extract(second FROM d))::int || ' s'
+        WHEN d >= interval '1 second' THEN floor(extract(epoch FROM d))::int || ' s'
+        ELSE round(extract(epoch FROM d) * 1000)::int || ' ms'
+    END
 $$;
 
 
@@ -3003,6 +3080,381 @@ $$;
 --
 
 COMMENT ON FUNCTION dispatch.every_spec(every interval, anchor timestamp with time zone) IS 'The slot rule of an interval schedule (slots at anchor + k * every, real time) as a dispatch.cron_spec, for dispatch.cron_spec_next and the tick. Raises 22023 for an interval under 1 second or over 366 days, or one with months.';
+
+
+--
+-- Name: explain(uuid, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone DEFAULT (now() - '1 day'::interval)) RETURNS TABLE(section text, item text, at timestamp with time zone, run_id bigint, detail text)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    s dispatch.schedules;
+    stopped text;
+    computable boolean;
+    head record;          -- the open run that holds the schedule (overlap skip, buffer_one)
+    slot_run dispatch.runs;
+    listening boolean;
+    who text;
+    disabled_at timestamptz;
+    cut timestamptz;
+    last_missed timestamptz;
+    first_in_grace timestamptz;
+    target timestamptz;
+    target_fire timestamptz;
+    coalesced integer;
+    first_next timestamptz;
+    next_note text := '';
+    slot timestamptz;
+    k integer;
+    gap_first timestamptz;
+    gap_last timestamptz;
+    gap_slots integer;
+    gap_at_least boolean;
+BEGIN
+    SELECT * INTO s FROM dispatch.schedules x WHERE x.id = explain.schedule_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'schedule % does not exist', explain.schedule_id
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'SELECT id, project_id, function_name FROM dispatch.schedules lists them.';
+    END IF;
+    IF explain.since IS NULL THEN
+        RAISE EXCEPTION 'since must be an instant, not NULL'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Leave it out for the last day: dispatch.explain(id).';
+    END IF;
+    stopped := dispatch._stopped_as(s);
+    computable := dispatch._explain_next(s.cron_spec, now(), s.timezone) IS NOT NULL;
+    SELECT * INTO slot_run FROM dispatch.runs r
+    WHERE r.schedule_id = s.id AND r.scheduled_for = s.next_run_at;
+    listening := EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a
+                         WHERE a.datname = current_database() AND a.application_name LIKE 'pgdispatch%');
+
+    -- The run that holds a schedule under overlap skip or buffer_one: the running one, else the
+    -- first that may go (a backfill run waiting its turn holds nothing; a buffered one waits).
+    SELECT * INTO head FROM dispatch._explain_open(s) o
+    WHERE o.verdict <> 'waits_turn'
+    ORDER BY o.verdict = 'buffered', o.status = 'running' DESC, o.scheduled_for, o.id LIMIT 1;
+    -- (a running run first: under skip at most one run is open anyway, beside backfill runs waiting
+    -- their turn; under buffer_one the buffered one waits behind it)
+
+    -- 1. state
+    section := 'state';
+    run_id := NULL;
+    IF stopped = 'deleted' THEN
+        item := 'deleted';
+        at := s.deleted_at;
+        SELECT a.actor_id INTO who FROM dispatch.audit_log a
+        WHERE a.project_id = s.project_id AND a.at = s.deleted_at AND a.action = 'schedule.delete'
+          AND a.metadata->>'scheduleId' = s.id::text
+        LIMIT 1;
+        detail := format('deleted%s at %s (a soft delete): nothing fires again; its runs and audit rows are kept',
+                         coalesce(' by ' || who, ''), dispatch._instant(s.deleted_at));
+    ELSIF stopped = 'paused' THEN
+        item := 'paused';
+        at := s.paused_at;
+        detail := format('paused by %s at %s%s: nothing fires until dispatch.resume(), which goes on from the first slot after then (the slots of the pause are not caught up; backfill runs them)',
+                         s.paused_by, dispatch._instant(s.paused_at),
+                         coalesce(' because "' || s.paused_reason || '"', ', no reason given'));
+    ELSIF stopped = 'disabled' THEN
+        item := 'disabled';
+        -- who disabled it: the latest audit row that set enabled false (at or before updated_at)
+        SELECT a.actor_id, a.at INTO who, disabled_at
+        FROM dispatch.audit_log a
+        WHERE a.project_id = s.project_id AND a.at <= s.updated_at
+          AND a.action IN ('schedule.update', 'schedule.create')
+          AND a.metadata->>'scheduleId' = s.id::text
+          AND (a.action = 'schedule.create' OR a.metadata->'changed'->>'enabled' = 'false')
+        ORDER BY a.at DESC, a.id DESC LIMIT 1;
+        at := disabled_at;
+        detail := format('disabled%s: nothing fires until enabled = true, which goes on from the first slot after then',
+                         coalesce(' by ' || who || ' at ' || dispatch._instant(disabled_at), ''));
+    ELSIF s.backoff_reason IS NOT NULL THEN
+        item := 'backed_off';
+        at := s.next_run_at;
+        detail := format('backed off: %s; at %s it records a skipped run and tries again (it is never invoked at such an instant)',
+                         s.backoff_reason, dispatch._instant(s.next_run_at));
+    ELSIF head.id IS NOT NULL AND s.overlap <> 'allow' THEN
+        run_id := head.id;
+        item := CASE head.verdict WHEN 'running' THEN 'busy' ELSE head.verdict END;
+        at := CASE head.verdict
+                  WHEN 'running' THEN head.claimed_at
+                  WHEN 'expired' THEN head.lease_until
+                  WHEN 'jitter_wait' THEN head.not_before
+                  WHEN 'retry_wait' THEN head.not_before
+                  ELSE coalesce(nullif(head.not_before, 'infinity'), head.fire_at, head.scheduled_for) END;
+        detail := CASE head.verdict
+            WHEN 'running' THEN format('busy: run %s (%s, slot %s) is running on %s since %s, attempt %s of %s',
+                                       head.id, head.kind, dispatch._instant(head.scheduled_for), head.worker,
+                                       dispatch._instant(head.claimed_at), head.attempt - head.released, s.max_attempts)
+            WHEN 'expired' THEN format('run %s (%s, slot %s) was claimed by %s at %s, and its lease ran out at %s (did that listener die?): the next tick %s',
+                                       head.id, head.kind, dispatch._instant(head.scheduled_for), head.worker,
+                                       dispatch._instant(head.claimed_at), dispatch._instant(head.lease_until),
+                                       CASE WHEN head.attempt - head.released < s.max_attempts
+                                            THEN format('hands it out again (attempt %s of %s, the same request id)',
+                                                        head.attempt - head.released + 1, s.max_attempts)
+                                            ELSE format('ends it lost (attempt %s was the last)', s.max_attempts) END)
+            WHEN 'pending' THEN format('run %s (%s, slot %s) is due: the next claim takes it%s',
+                                       head.id, head.kind, dispatch._instant(head.scheduled_for),
+                                       CASE WHEN listening THEN '' ELSE ' (no listener is connected: see dispatch.listeners)' END)
+            WHEN 'jitter_wait' THEN format('waiting for its jitter offset: run %s (slot %s) fires at %s (+%s)',
+                                           head.id, dispatch._instant(head.scheduled_for),
+                                           dispatch._instant(head.not_before),
+                                           dispatch._span(head.not_before - head.scheduled_for))
+            WHEN 'retry_wait' THEN format('waiting for a retry: run %s (slot %s) failed on attempt %s of %s (%s) and is retried at %s',
+                                          head.id, dispatch._instant(head.scheduled_for), head.attempt - head.released,
+                                          s.max_attempts, coalesce(head.error, 'no error text'),
+                                          dispatch._instant(head.not_before))
+            WHEN 'missed' THEN format('run %s (slot %s) cannot start within misfire_grace (%s): the next claim ends it skipped',
+                                      head.id, dispatch._instant(head.scheduled_for), s.misfire_grace)
+            WHEN 'late' THEN format('run %s (slot %s) waited for a retry that may no longer start (the next slot came, or max_attempts is %s): the next claim ends it error',
+                                    head.id, dispatch._instant(head.scheduled_for), s.max_attempts)
+            ELSE format('run %s (slot %s) waits behind a run that is no longer open: it goes when the schedule next finishes a run',
+                        head.id, dispatch._instant(head.scheduled_for))
+            END
+            || CASE WHEN s.overlap = 'skip'
+                    THEN '; overlap skip: slots that come due meanwhile do not run (a gap, overlap)'
+                    ELSE '; overlap buffer_one: the first slot that comes due meanwhile waits behind it, later ones do not run'
+               END;
+    ELSIF s.next_run_at <= now() AND slot_run.id IS NOT NULL AND slot_run.status NOT IN ('pending', 'running') THEN
+        item := 'settling';
+        at := s.next_run_at;
+        run_id := slot_run.id;
+        detail := format('its slot %s already has run %s (%s): the next tick moves it on to the slot after',
+                         dispatch._instant(s.next_run_at), slot_run.id, slot_run.status);
+    ELSIF s.next_run_at <= now() THEN
+        -- what dispatch._tick_schedule does with it: slots beyond the grace are recorded, never
+        -- invoked; of the others catchup latest marks the latest, all the oldest
+        cut := CASE WHEN s.misfire_grace IS NULL THEN '-infinity' ELSE now() - s.misfire_grace - s.jitter END;
+        first_in_grace := s.next_run_at;
+        IF s.next_run_at < cut THEN
+            last_missed := coalesce(dispatch._cron_latest(s.cron_spec, s.next_run_at, cut - interval '1 microsecond',
+                                                          s.timezone), s.next_run_at);
+            first_in_grace := dispatch.cron_spec_next(s.cron_spec, last_missed, s.timezone);
+        END IF;
+        IF first_in_grace > now() THEN
+            item := 'missed';
+            at := first_in_grace;
+            detail := format('its slots from %s to %s are beyond misfire_grace (%s): the next tick records them skipped, never invoked, and it goes on at %s',
+                             dispatch._instant(s.next_run_at), dispatch._instant(last_missed), s.misfire_grace,
+                             dispatch._instant(first_in_grace));
+        ELSE
+            target := CASE WHEN s.catchup = 'all' THEN first_in_grace
+                           ELSE coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
+                                                               now(), s.timezone), first_in_grace) END;
+            target_fire := target + dispatch.jitter_offset(s.id, target, s.jitter);
+            coalesced := CASE WHEN target > first_in_grace
+                              THEN (dispatch._slots_between(s.cron_spec, first_in_grace - interval '1 microsecond',
+                                                            target, s.timezone)).slots END;
+            item := 'due';
+            at := target;
+            detail := format('slot %s is due (%s ago) and not marked yet: the next tick marks it', dispatch._instant(target),
+                             dispatch._span(now() - target))
+                || CASE WHEN s.next_run_at < first_in_grace
+                        THEN format('; the slots from %s to %s are beyond misfire_grace (%s) and are recorded skipped',
+                                    dispatch._instant(s.next_run_at), dispatch._instant(last_missed), s.misfire_grace)
+                        ELSE '' END
+                || CASE WHEN coalesced > 0
+                        THEN format('; %s earlier slot%s since %s are coalesced into it (catchup latest)', coalesced,
+                                    CASE WHEN coalesced = 1 THEN '' ELSE 's' END, dispatch._instant(first_in_grace))
+                        ELSE '' END
+                || CASE WHEN s.catchup = 'all' AND target < now()
+                             AND dispatch.cron_spec_next(s.cron_spec, target, s.timezone) <= now()
+                        THEN '; the later ones follow, one at a time (catchup all)' ELSE '' END
+                || CASE WHEN target_fire > now() THEN format('; it fires at %s (jitter +%s)',
+                                                              dispatch._instant(target_fire),
+                                                              dispatch._span(target_fire - target))
+                        WHEN s.misfire_grace IS NOT NULL AND now() - target_fire > s.misfire_grace
+                        THEN format('; its fire instant %s is beyond misfire_grace (%s): the claim ends it skipped',
+                                    dispatch._instant(target_fire), s.misfire_grace)
+                        ELSE '' END
+                || CASE WHEN listening THEN '' ELSE ' (no listener is connected: pg_cron''s minutely tick marks it)' END;
+        END IF;
+    ELSE
+        item := 'live';
+        at := s.next_run_at + dispatch.jitter_offset(s.id, s.next_run_at, s.jitter);
+        detail := format('live: its next slot is %s', dispatch._instant(s.next_run_at))
+            || CASE WHEN at > s.next_run_at THEN format(', and fires at %s (jitter +%s)', dispatch._instant(at),
+                                                       dispatch._span(at - s.next_run_at))
+                    ELSE '' END
+            || CASE WHEN head.id IS NOT NULL THEN format('; run %s is open beside it (overlap allow)', head.id) ELSE '' END;
+    END IF;
+    RETURN NEXT;
+
+    -- 2. open runs
+    RETURN QUERY
+    SELECT 'open run', o.verdict, o.scheduled_for, o.id,
+           format('%s run, slot %s: ', o.kind, dispatch._instant(o.scheduled_for)) || CASE o.verdict
+               WHEN 'running' THEN format('running on %s since %s, attempt %s of %s, lease until %s',
+                                          o.worker, dispatch._instant(o.claimed_at), o.attempt - o.released,
+                                          s.max_attempts, dispatch._instant(o.lease_until))
+               WHEN 'expired' THEN format('claimed by %s at %s, attempt %s of %s; its lease ran out at %s: the next tick %s',
+                                          o.worker, dispatch._instant(o.claimed_at), o.attempt - o.released,
+                                          s.max_attempts, dispatch._instant(o.lease_until),
+                                          CASE WHEN o.attempt - o.released < s.max_attempts AND stopped IS NULL
+                                               THEN 'hands it out again' ELSE 'ends it lost' END)
+               WHEN 'stale' THEN format('the schedule is %s: the next claim ends it without invoking it', stopped)
+               WHEN 'waits_turn' THEN 'waits its turn (backfill runs go one at a time, oldest first, when nothing else of the schedule is open)'
+               WHEN 'buffered' THEN 'waits behind the open run (overlap buffer_one)'
+               WHEN 'jitter_wait' THEN format('waits for its fire instant %s', dispatch._instant(o.not_before))
+               WHEN 'retry_wait' THEN format('attempt %s of %s failed (%s); retried at %s', o.attempt - o.released,
+                                             s.max_attempts, coalesce(o.error, 'no error text'),
+                                             dispatch._instant(o.not_before))
+               WHEN 'missed' THEN format('not started within misfire_grace (%s): the next claim ends it skipped',
+                                         s.misfire_grace)
+               WHEN 'late' THEN 'its retry may no longer start: the next claim ends it error'
+               ELSE format('due since %s: the next claim takes it%s',
+                           dispatch._instant(coalesce(o.not_before, o.fire_at, o.scheduled_for)),
+                           CASE WHEN o.attempt > o.released THEN format(' (attempt %s of %s)', o.attempt - o.released + 1,
+                                                                        s.max_attempts)
+                                ELSE '' END)
+           END
+    FROM dispatch._explain_open(s) o
+    ORDER BY o.scheduled_for, o.id;
+
+    -- 3. the next three slots: from where the schedule goes on (a stopped one: were it started now)
+    IF stopped IS DISTINCT FROM 'deleted' THEN
+        IF s.backoff_reason IS NOT NULL OR NOT computable THEN
+            section := 'next';
+            item := 'back-off';
+            at := s.next_run_at;
+            run_id := NULL;
+            detail := 'its slots cannot be computed (its time zone is gone from the tz database): none is known';
+            IF s.next_run_at IS NOT NULL THEN
+                RETURN NEXT;
+            END IF;
+        ELSE
+            IF stopped IS NOT NULL THEN
+                first_next := dispatch.cron_spec_next(s.cron_spec, now(), s.timezone);
+                next_note := format(' (if %s now)', CASE stopped WHEN 'paused' THEN 'resumed' ELSE 'enabled' END);
+            ELSIF item = 'due' THEN
+                first_next := target;
+            ELSIF item = 'missed' THEN
+                first_next := first_in_grace;
+            ELSIF (slot_run.id IS NOT NULL AND slot_run.status IN ('pending', 'running')) OR s.next_run_at <= now() THEN
+                first_next := dispatch.cron_spec_next(s.cron_spec, greatest(s.next_run_at, now()), s.timezone);
+                IF head.id IS NOT NULL AND s.overlap = 'skip' THEN
+                    next_note := format(' (if run %s has finished by then)', head.id);
+                END IF;
+            ELSE
+                first_next := s.next_run_at;
+            END IF;
+            slot := first_next;
+            FOR k IN 1..3 LOOP
+                section := 'next';
+                item := 'slot';
+                at := slot;
+                run_id := NULL;
+                detail := format('slot %s: fires %s', k,
+                                 CASE WHEN s.jitter > interval '0' AND dispatch.jitter_offset(s.id, slot, s.jitter) > interval '0'
+                                      THEN format('at %s (jitter +%s)',
+                                                  dispatch._instant(slot + dispatch.jitter_offset(s.id, slot, s.jitter)),
+                                                  dispatch._span(dispatch.jitter_offset(s.id, slot, s.jitter)))
+                                      ELSE 'on the slot' END)
+                    || CASE WHEN s.every IS NULL
+                            THEN format(', %s %s', to_char(slot AT TIME ZONE s.timezone, 'Dy HH24:MI'), s.timezone)
+                            ELSE '' END
+                    || next_note;
+                RETURN NEXT;
+                slot := dispatch.cron_spec_next(s.cron_spec, slot, s.timezone);
+            END LOOP;
+        END IF;
+    END IF;
+
+    -- 4. the last finished runs, newest first
+    RETURN QUERY
+    SELECT 'run', r.status, r.scheduled_for, r.id,
+           format('%s run, slot %s, %s at %s', r.kind, dispatch._instant(r.scheduled_for), r.status,
+                  dispatch._instant(r.finished_at))
+           || CASE WHEN r.attempt - r.released > 1 THEN format(' after %s attempts', r.attempt - r.released) ELSE '' END
+           || coalesce(', HTTP ' || r.http_status, '')
+           || coalesce(' in ' || r.duration_ms || ' ms', '')
+           || coalesce(': ' || r.error, '')
+    FROM dispatch.runs r
+    WHERE r.schedule_id = s.id AND r.status NOT IN ('pending', 'running')
+    ORDER BY r.finished_at DESC, r.id DESC
+    LIMIT 5;
+
+    -- 5. the slots since `since` that did not run: recorded gaps, skipped runs, and the slots
+    -- a stopped schedule has passed over so far (recorded as one gap when it goes on again).
+    -- A gap is recorded when it ends, by a tick at most an hour ahead of the clock: one that
+    -- holds a slot after `since` was recorded after since - 1 hour (the index on project_id, at).
+    IF stopped IN ('paused', 'disabled') AND s.stopped_on IS NOT NULL AND computable THEN
+        SELECT b.first_slot, b.last_slot, b.slots, b.at_least INTO gap_first, gap_last, gap_slots, gap_at_least
+        FROM dispatch._slots_between(s.cron_spec,
+                                     greatest(s.stopped_on - interval '1 microsecond',
+                                              (SELECT max(r.scheduled_for) FROM dispatch.runs r
+                                               WHERE r.schedule_id = s.id AND r.kind = 'scheduled')),
+                                     now(), s.timezone) b;
+    END IF;
+    RETURN QUERY
+    WITH n AS (
+        SELECT a.metadata->>'reason' AS item, (a.metadata->>'first')::timestamptz AS at, NULL::bigint AS run_id,
+               (a.metadata->>'count')::bigint AS slots,
+               format('%s%s slot%s from %s to %s %s (recorded %s)',
+                      CASE WHEN (a.metadata->>'countIsAtLeast')::boolean THEN 'at least ' ELSE '' END,
+                      a.metadata->>'count', CASE WHEN a.metadata->>'count' = '1' THEN '' ELSE 's' END,
+                      dispatch._instant((a.metadata->>'first')::timestamptz),
+                      dispatch._instant((a.metadata->>'last')::timestamptz),
+                      CASE a.metadata->>'reason'
+                          WHEN 'overlap' THEN 'came due while a run was open (overlap)'
+                          WHEN 'catch-up' THEN 'were missed while nothing ran, coalesced into the latest (catchup latest)'
+                          WHEN 'misfire' THEN 'were beyond misfire_grace (too many for a skipped run each)'
+                          WHEN 'pause' THEN 'fell in a pause'
+                          WHEN 'disabled' THEN 'fell while it was disabled'
+                          ELSE 'did not run' END,
+                      dispatch._instant(a.at)) AS detail
+        FROM dispatch.audit_log a
+        WHERE a.project_id = s.project_id AND a.at >= explain.since - interval '1 hour'
+          AND a.action = 'schedule.slots.skipped' AND a.metadata->>'scheduleId' = s.id::text
+          AND (a.metadata->>'last')::timestamptz >= explain.since
+      UNION ALL
+        SELECT CASE WHEN r.error LIKE 'missed by %' THEN 'misfire'
+                    WHEN r.error LIKE 'cannot compute %' THEN 'back-off'
+                    WHEN r.error LIKE 'schedule % before the run was claimed' THEN 'stopped'
+                    ELSE 'skipped' END,
+               r.scheduled_for, r.id, 1,
+               format('%s run %s skipped: %s', r.kind, r.id, coalesce(r.error, 'no reason recorded'))
+        FROM dispatch.runs r
+        WHERE r.schedule_id = s.id AND r.status = 'skipped' AND r.scheduled_for >= explain.since
+      UNION ALL
+        SELECT CASE stopped WHEN 'paused' THEN 'pause' ELSE 'disabled' END, gap_first, NULL, gap_slots,
+               format('%s%s slot%s from %s to %s so far, while it is %s (recorded as one gap when it goes on again)',
+                      CASE WHEN gap_at_least THEN 'at least ' ELSE '' END, gap_slots,
+                      CASE WHEN gap_slots = 1 THEN '' ELSE 's' END,
+                      dispatch._instant(gap_first), dispatch._instant(gap_last), stopped)
+        WHERE gap_first IS NOT NULL
+    ), total AS (
+        SELECT coalesce(sum(n.slots), 0) AS slots, count(*) AS rows,
+               (SELECT string_agg(format('%s %s', x.slots, x.item), ', ' ORDER BY x.slots DESC, x.item)
+                FROM (SELECT m.item, sum(m.slots) AS slots FROM n m GROUP BY m.item) x) AS by_reason
+        FROM n
+    )
+    SELECT x.section, x.item, x.at, x.run_id, x.detail
+    FROM (SELECT 0 AS part, 'not run' AS section, 'summary' AS item, explain.since AS at, NULL::bigint AS run_id,
+                 CASE WHEN t.slots = 0 THEN format('since %s every slot ran', dispatch._instant(explain.since))
+                      ELSE format('since %s, %s slot%s did not run: %s%s', dispatch._instant(explain.since), t.slots,
+                                  CASE WHEN t.slots = 1 THEN '' ELSE 's' END, t.by_reason,
+                                  CASE WHEN t.rows > 100 THEN format(' (the latest 100 of %s rows follow)', t.rows)
+                                       ELSE '' END)
+                 END AS detail
+          FROM total t
+          UNION ALL
+          SELECT 1, 'not run', l.item, l.at, l.run_id, l.detail
+          FROM (SELECT * FROM n ORDER BY n.at DESC LIMIT 100) l) x
+    ORDER BY x.part, x.at, x.run_id NULLS FIRST;
+END
+$$;
+
+
+--
+-- Name: FUNCTION explain(schedule_id uuid, since timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone) IS 'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, buffered, backed_off, paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots, each with the instant its jitter fires it at), run (the last five finished runs, newest first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';
 
 
 --
@@ -4283,6 +4735,20 @@ REVOKE ALL ON FUNCTION dispatch._expire_leases() FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION _explain_next(spec dispatch.cron_spec, after timestamp with time zone, tz text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._explain_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _explain_open(s dispatch.schedules); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._explain_open(s dispatch.schedules) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _finish_runs(finished dispatch.runs[]); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -4294,6 +4760,13 @@ REVOKE ALL ON FUNCTION dispatch._finish_runs(finished dispatch.runs[]) FROM PUBL
 --
 
 REVOKE ALL ON FUNCTION dispatch._follow_up(schedule_ids uuid[]) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _instant(t timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._instant(t timestamp with time zone) FROM PUBLIC;
 
 
 --
@@ -4466,6 +4939,13 @@ REVOKE ALL ON FUNCTION dispatch._slots_between(spec dispatch.cron_spec, lo times
 
 
 --
+-- Name: FUNCTION _span(d interval); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._span(d interval) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _start_runs(ids bigint[], worker text, lease interval, default_timeout interval); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -4627,6 +5107,14 @@ REVOKE ALL ON FUNCTION dispatch.every_spec(every interval, anchor timestamp with
 GRANT ALL ON FUNCTION dispatch.every_spec(every interval, anchor timestamp with time zone) TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch.every_spec(every interval, anchor timestamp with time zone) TO dispatch_reader;
 GRANT ALL ON FUNCTION dispatch.every_spec(every interval, anchor timestamp with time zone) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION explain(schedule_id uuid, since timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone) TO dispatch_reader;
 
 
 --

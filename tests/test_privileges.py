@@ -70,7 +70,8 @@ def test_listener_cannot_write_tables_directly(db: psycopg.Connection, statement
 
 @pytest.mark.parametrize(
     "statement",
-    ["SELECT * FROM dispatch.schedules", "SELECT * FROM dispatch.runs", "CALL dispatch.prune()"],
+    ["SELECT * FROM dispatch.schedules", "SELECT * FROM dispatch.runs", "CALL dispatch.prune()",
+     "SELECT * FROM dispatch.explain(gen_random_uuid())"],
 )
 def test_listener_reads_nothing_it_does_not_need(db: psycopg.Connection, statement: str) -> None:
     with as_role(db, "dispatch_listener"), pytest.raises(errors.InsufficientPrivilege):
@@ -86,6 +87,9 @@ def test_reader_reads_everything_and_changes_nothing(db: psycopg.Connection) -> 
         assert db.execute(
             "SELECT dispatch.cron_next('0 9 * * *', now(), 'Europe/Berlin') > now()"
         ).fetchone() == (True,)
+        # "why didn't it fire?" is a reader's question
+        assert db.execute("SELECT e.item FROM dispatch.schedules s, dispatch.explain(s.id) e"
+                          " WHERE e.section = 'state'").fetchall() == [("due",)]
         for statement in [
             *DIRECT_WRITES,
             "SELECT dispatch.tick()",
@@ -120,7 +124,8 @@ def test_other_roles_cannot_use_the_schema(db: psycopg.Connection) -> None:
     try:
         with as_role(db, "pgdispatch_test_nobody"):
             for statement in ["SELECT * FROM dispatch.schedules", "SELECT dispatch.tick()",
-                              "SELECT dispatch.cron_next('* * * * *', now())"]:  # fmt: skip
+                              "SELECT dispatch.cron_next('* * * * *', now())",
+                              "SELECT * FROM dispatch.explain(gen_random_uuid())"]:  # fmt: skip
                 with pytest.raises(errors.InsufficientPrivilege):
                     db.execute(statement)
     finally:

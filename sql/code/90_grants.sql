@@ -69,6 +69,8 @@ GRANT EXECUTE ON PROCEDURE
 TO dispatch_listener;
 
 GRANT SELECT ON ALL TABLES IN SCHEMA dispatch TO dispatch_reader;
+-- "Why didn't it fire?" is a read-only question (dispatch_admin has it through dispatch_reader).
+GRANT EXECUTE ON FUNCTION dispatch.explain(uuid, timestamptz) TO dispatch_reader;
 
 -- An administrator writes the definition of a schedule, never what the system derives from it
 -- (cron_spec, next_run_at, last_*, backoff_reason) nor the pause columns, which
