@@ -49,10 +49,14 @@ def explain_agrees(conn: psycopg.Connection, *, skip: Collection[str] = ()) -> C
             "SELECT run_id FROM dispatch.claim_runs('explain-check', 100000, '1 hour')")}
         after = {row[0]: row for row in conn.execute(_RUNS, (list(open_runs), last_id)).fetchall()}
 
-    # A lease that runs out between explain's now() and the tick's clock changes what follows
-    # for its schedule: only the verdicts that hold whatever it does are checked there.
-    disturbed = {sid for run_id, (sid, item) in open_runs.items()
-                 if item != "expired" and ticked[run_id][3] != before[run_id][3]}
+    # A run whose lease ran out goes back to pending (attempts left) or ends lost in the tick.
+    for run_id, (_, item) in open_runs.items():
+        if item == "expired":
+            assert ticked[run_id][3] in ("pending", "lost"), f"{run_id}: lease ran out: {ticked[run_id]}"
+    # What the tick does to an open run (that one, or a lease that runs out between explain's
+    # now() and the tick's clock) changes what follows for its schedule (a lost run's follow-up
+    # lets the next one go): there only the verdicts that hold whatever it did are checked.
+    disturbed = {sid for run_id, (sid, _) in open_runs.items() if ticked[run_id][3] != before[run_id][3]}
     new = {run_id: row for run_id, row in ticked.items() if run_id > last_id}
     for sid, (item, at, _run_id) in state.items():
         seen[f"state {item}"] += 1
@@ -76,9 +80,6 @@ def explain_agrees(conn: psycopg.Connection, *, skip: Collection[str] = ()) -> C
                 continue
             expected = _BY_CLAIM.get(run_item, "left")
             status = after[run_id][3]
-            if run_item == "expired":  # the tick hands it out again, or ends it lost
-                assert ticked[run_id][3] in ("pending", "lost"), (run_id, ticked[run_id])
-                continue
             if expected == "claimed":
                 assert run_id in claimed, f"run {run_id}: explain said the claim takes it; it is {status}"
             elif expected == "ended":
@@ -87,8 +88,7 @@ def explain_agrees(conn: psycopg.Connection, *, skip: Collection[str] = ()) -> C
             else:
                 assert run_id not in claimed and status == before[run_id][3], \
                     f"run {run_id}: explain said {run_item}; the claim took it or changed it ({status})"
-        # (a run whose lease ran out is handed out again by the tick)
-        named = {r for r, (s, i) in open_runs.items() if s == sid and i in ("pending", "expired")}
+        named = {r for r, (s, i) in open_runs.items() if s == sid and i == "pending"}
         assert claimed_here <= named | set(new), f"schedule {sid}: the claim took {claimed_here - named}"
     seen.update(f"open run {item}" for _, item in open_runs.values())
     return seen

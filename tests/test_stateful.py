@@ -3,11 +3,13 @@ complete (ok, final errors, retryable ones), release, leases that expire, defini
 disable, pause, delete, a zone dropped from tzdata, and transactions left open in psql (an edit,
 a tick), on schedules with every run policy (overlap, catch-up, misfire grace, retries). Several
 real sessions, with the roles a deployment gives them; the invariants of DESIGN.md are checked
-after every step.
+after every step, and dispatch.explain's verdict for every schedule against what the next tick
+and claim do at the end of each walk.
 
-CI runs a fixed seed (derandomized). A long walk by hand:
+CI runs a fixed seed (derandomized). A long walk by hand (explain checked every 3rd step too):
 
-    PGDISPATCH_STATEFUL_EXAMPLES=2000 scripts/test tests/test_stateful.py -s
+    PGDISPATCH_STATEFUL_EXAMPLES=2000 PGDISPATCH_STATEFUL_EXPLAIN_EVERY=3 \
+        scripts/test tests/test_stateful.py -s
 
 It prints how many steps ran."""
 
@@ -33,6 +35,8 @@ from hypothesis.stateful import (
 )
 from psycopg import errors
 
+from tests.explain_check import explain_agrees
+
 # The slot rules: cron expressions, and intervals (every) from the creation time.
 EXPRESSIONS = ["* * * * *", "*/2 * * * *", "*/5 * * * *", "0 * * * *", "30 9 * * *", "every 90 seconds",
                "every 7 minutes"]
@@ -50,6 +54,10 @@ STEPS_PER_EXAMPLE = 50
 # the walk instead of hanging it: invariant 3.
 NO_WAIT = "SET lock_timeout = '5s'"
 OUTCOMES = ["ok", "error", "retryable", "retry-after"]  # what a listener hands to complete_run
+# dispatch.explain is checked against the next tick and claim at the end of each walk, and with
+# PGDISPATCH_STATEFUL_EXPLAIN_EVERY=N after every N-th step too (a long walk by hand: each check
+# costs about 13 ms, more than a step, and leaves rolled-back rows behind)
+EXPLAIN_EVERY = int(os.environ.get("PGDISPATCH_STATEFUL_EXPLAIN_EVERY", "0"))
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,7 @@ class DispatchWalk(RuleBasedStateMachine):
         self.last_seen_run = 0
         self.dba_open: str | None = None  # "edit" or "tick"
         self.dba_holds: str | None = None  # the schedule an open edit holds
+        self.steps_taken = 0
 
     def step(self) -> None:
         DispatchWalk.steps += 1
@@ -440,10 +449,21 @@ class DispatchWalk(RuleBasedStateMachine):
 
     # -- what no step may break -----------------------------------------------------------------
 
+    def explain_agrees_with_the_next_tick_and_claim(self) -> None:
+        """For every schedule, dispatch.explain's verdict (and each open run's) is what the next
+        tick and claim do: they run after it in one transaction, which is then rolled back. Not
+        while the DBA leaves a tick open (it holds what it ticked); the schedule an open edit
+        holds is left out."""
+        if self.dba_open == "tick":
+            return
+        seen = explain_agrees(self.sessions.clock, skip=[self.dba_holds] if self.dba_holds else [])
+        DispatchWalk.seen_outcomes.update({f"explain {verdict}": n for verdict, n in seen.items()})
+
     def teardown(self) -> None:
         """8. Every slot accounted for: from a schedule's creation up to the slot it stands on
         (or stood on when it stopped), each slot of its rule is a run or lies in one recorded gap,
         and no slot with a scheduled run is also in a gap."""
+        self.explain_agrees_with_the_next_tick_and_claim()
         if self.dba_open is not None:
             self.sessions.dba.rollback()
         for sid in set(self.schedules) - self.rule_changed:
@@ -453,6 +473,12 @@ class DispatchWalk(RuleBasedStateMachine):
             assert unaccounted is None, f"schedule {sid}: slots neither run nor in a gap: {unaccounted}"
             assert doubly is None, f"schedule {sid}: slots both run and in a recorded gap: {doubly}"
             DispatchWalk.seen_outcomes["slots accounted for"] += 1
+
+    @invariant()
+    def explain_agrees_every_few_steps(self) -> None:
+        self.steps_taken += 1
+        if EXPLAIN_EVERY and self.steps_taken % EXPLAIN_EVERY == 0:
+            self.explain_agrees_with_the_next_tick_and_claim()
 
     @invariant()
     def invariants_hold(self) -> None:
@@ -575,6 +601,10 @@ def sessions(db: psycopg.Connection, connect: Callable[..., psycopg.Connection])
             db.execute(f"DROP ROLE pgdispatch_walk_{name}")
 
 
+# the verdicts of dispatch.explain every CI walk checks (the rarer ones are in tests/test_explain.py)
+EXPLAIN_STATES = ("live", "busy", "pending", "jitter_wait", "paused", "disabled", "deleted", "backed_off")
+
+
 def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
     DispatchWalk.sessions = sessions
     DispatchWalk.steps = 0
@@ -590,6 +620,9 @@ def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
     reached = " ".join(DispatchWalk.seen_outcomes)
     expected = ["backfill", "busy", "fenced", "recorded", "retried", "retry claimed", "run now",
                 "skipped: schedule", "skipped: cannot compute", "skipped: missed by", "lost: lease",
-                "late call", "slots accounted for", "error: stopped in its back-off"]
+                "late call", "slots accounted for", "error: stopped in its back-off",
+                *(f"explain state {v}" for v in EXPLAIN_STATES),
+                *(f"explain open run {v}" for v in ("pending", "running", "jitter_wait", "buffered",
+                                                    "waits_turn"))]
     for outcome in expected:
         assert outcome in reached, f"the walks never reached {outcome!r}"
