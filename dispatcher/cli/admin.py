@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from dispatcher.cli import schedule_verbs
+from dispatcher.cli import explain, schedule_verbs
 from dispatcher.cli.console import (
     CommandError,
     UsageError,
@@ -384,8 +384,9 @@ def _positive(text: str) -> int:
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `schedules` and `runs` with the top-level parser."""
     schedules = commands.add_parser(
-        "schedules", help="add, update, list, show, pause, resume, run, backfill, enable, disable or delete "
-                                       "schedules",
+        "schedules",
+        help="add, update, list, show, explain, pause, resume, run, backfill, enable, disable or delete "
+             "schedules",
         description="Manage rows of dispatch.schedules. Writes go through the same trigger as SQL "
                     "(validation, audit row, NOTIFY); a dispatch_admin role may run them.")
     actions = schedules.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -436,6 +437,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         parser.set_defaults(handler=_change)
 
     schedule_verbs.add_commands(actions)
+    explain.add_commands(actions)
 
     runs = commands.add_parser("runs", help="recent runs",
                                description="Runs from dispatch.runs, newest first.")

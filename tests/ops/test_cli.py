@@ -21,7 +21,7 @@ COMMANDS = [
     [], ["install"], ["doctor"], ["listen"], ["demo"], ["demo-function"], ["schedules"], ["schedules", "add"],
     ["schedules", "list"], ["schedules", "show"], ["schedules", "enable"], ["schedules", "disable"],
     ["schedules", "delete"], ["schedules", "update"], ["schedules", "pause"], ["schedules", "resume"],
-    ["schedules", "run"], ["schedules", "backfill"], ["runs"], ["runs", "list"],
+    ["schedules", "run"], ["schedules", "backfill"], ["schedules", "explain"], ["runs"], ["runs", "list"],
 ]
 
 
@@ -282,6 +282,36 @@ def test_backfill(cli: Callable[..., Result], db: psycopg.Connection) -> None:
     assert "from_ts (" in reversed_range.err and "must be before to_ts" in reversed_range.err
     garbage = cli("schedules", "backfill", sid, "--from", "yesterday-ish", "--to", end.isoformat())
     assert garbage.code == 2 and "yesterday-ish" in garbage.err
+
+
+def test_explain(cli: Callable[..., Result], db: psycopg.Connection) -> None:
+    sid = _add(cli, "--function", "report", "--cron", "0 0 1 1 *")["schedule"]["id"]  # type: ignore[index]
+    db.execute("SELECT dispatch.pause(%s, 'vendor API down')", (sid,))
+    text = cli("schedules", "explain", sid)
+    assert text.code == 0, text.err
+    lines = text.out.splitlines()
+    assert lines[0] == f"schedule {sid} acme/report: paused"
+    assert lines[1].startswith("  paused by postgres at ") and 'because "vendor API down"' in lines[1]
+    for heading in ("next slots:", "last runs:", "did not run:"):
+        assert heading in lines
+    assert "open runs:" not in lines  # none
+    assert lines[lines.index("next slots:") + 1].split() == ["WHAT", "AT", "(UTC)", "RUN", "DETAIL"]
+
+    # --json: what dispatch.explain returns, section by section
+    as_json = cli("schedules", "explain", sid, "--json", "--since", "2026-01-01T00:00Z").json
+    rows = db.execute("SELECT section, item, at, detail FROM dispatch.explain(%s, '2026-01-01T00:00Z')",
+                      (sid,)).fetchall()
+    keys = {"state": "state", "open run": "open_runs", "next": "next", "run": "runs", "not run": "not_run"}
+    from_json = [(section, row["item"], datetime.fromisoformat(row["at"]), row["detail"])
+                 for section, key in keys.items()
+                 for row in ([as_json[key]] if key == "state" else as_json[key])]
+    assert from_json == rows
+    assert (as_json["schedule_id"], as_json["state"]["item"], len(as_json["next"])) == (sid, "paused", 3)
+
+    unknown = "00000000-0000-0000-0000-000000000000"
+    missing = cli("schedules", "explain", unknown)
+    assert (missing.code, missing.out) == (2, "")
+    assert missing.err == f"pgdispatch schedules explain: no schedule {unknown}\n"
 
 
 def test_interval_and_jitter(cli: Callable[..., Result], db: psycopg.Connection) -> None:
