@@ -3364,18 +3364,18 @@ BEGIN
         END IF;
     END IF;
 
-    -- 4. the last finished runs, newest first
+    -- 4. the last finished runs, the latest slot first (read backwards along runs_slot_key)
     RETURN QUERY
     SELECT 'run', r.status, r.scheduled_for, r.id,
            format('%s run, slot %s, %s at %s', r.kind, dispatch._instant(r.scheduled_for), r.status,
                   dispatch._instant(r.finished_at))
            || CASE WHEN r.attempt - r.released > 1 THEN format(' after %s attempts', r.attempt - r.released) ELSE '' END
            || coalesce(', HTTP ' || r.http_status, '')
-           || coalesce(' in ' || r.duration_ms || ' ms', '')
+           || coalesce(' in ' || dispatch._span(r.duration_ms * interval '1 millisecond'), '')
            || coalesce(': ' || r.error, '')
     FROM dispatch.runs r
     WHERE r.schedule_id = s.id AND r.status NOT IN ('pending', 'running')
-    ORDER BY r.finished_at DESC, r.id DESC
+    ORDER BY r.scheduled_for DESC
     LIMIT 5;
 
     -- 5. the slots since `since` that did not run: recorded gaps, skipped runs, and the slots
@@ -3454,7 +3454,7 @@ $$;
 -- Name: FUNCTION explain(schedule_id uuid, since timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone) IS 'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, buffered, backed_off, paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots, each with the instant its jitter fires it at), run (the last five finished runs, newest first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';
+COMMENT ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone) IS 'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, buffered, backed_off, paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots, each with the instant its jitter fires it at), run (the last five finished runs, the latest slot first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';
 
 
 --

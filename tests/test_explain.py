@@ -244,7 +244,7 @@ def _unknown_id_and_no_since(db: psycopg.Connection) -> None:
         db.execute("SELECT * FROM dispatch.explain(%s, NULL)", (sid,))
 
 
-def _the_last_runs_newest_first(db: psycopg.Connection) -> None:
+def _the_last_runs_latest_first(db: psycopg.Connection) -> None:
     sid = add_schedule(db, YEARLY)
     for status in ("ok", "error", "ok"):
         db.execute("SELECT dispatch.run_now(%s)", (sid,))
@@ -264,7 +264,7 @@ def fresh(db: psycopg.Connection) -> None:
 def test_waiting_for_a_slot_its_jitter_or_a_listener(db: psycopg.Connection) -> None:
     _live_due_and_jitter_wait(db)
     fresh(db)
-    _the_last_runs_newest_first(db)
+    _the_last_runs_latest_first(db)
     fresh(db)
     _unknown_id_and_no_since(db)
 
