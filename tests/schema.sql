@@ -3235,16 +3235,23 @@ BEGIN
                                                           s.timezone), s.next_run_at);
             first_in_grace := dispatch.cron_spec_next(s.cron_spec, last_missed, s.timezone);
         END IF;
+        target := CASE WHEN s.catchup = 'all' THEN first_in_grace
+                       ELSE coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
+                                                           now(), s.timezone), first_in_grace) END;
         IF first_in_grace > now() THEN
             item := 'missed';
             at := first_in_grace;
             detail := format('its slots from %s to %s are beyond misfire_grace (%s): the next tick records them skipped, never invoked, and it goes on at %s',
                              dispatch._instant(s.next_run_at), dispatch._instant(last_missed), s.misfire_grace,
                              dispatch._instant(first_in_grace));
+        ELSIF target = slot_run.scheduled_for THEN
+            -- overlap allow, set while a run stood on the slot: the tick only moves on
+            item := 'settling';
+            at := target;
+            run_id := slot_run.id;
+            detail := format('its slot %s already has run %s (%s): the next tick moves it on to the slot after',
+                             dispatch._instant(target), slot_run.id, slot_run.status);
         ELSE
-            target := CASE WHEN s.catchup = 'all' THEN first_in_grace
-                           ELSE coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
-                                                               now(), s.timezone), first_in_grace) END;
             target_fire := target + dispatch.jitter_offset(s.id, target, s.jitter);
             coalesced := CASE WHEN target > first_in_grace
                               THEN (dispatch._slots_between(s.cron_spec, first_in_grace - interval '1 microsecond',

@@ -256,6 +256,18 @@ def _the_last_runs_latest_first(db: psycopg.Connection) -> None:
     assert ran[1]["detail"].startswith("manual run, slot ") and ran[1]["detail"].endswith(": HTTP 400: no")
 
 
+def _allow_set_while_a_run_stands_on_the_slot(db: psycopg.Connection) -> None:
+    sid = add_schedule(db, "0 * * * *")
+    due(db, sid, "date_trunc('hour', now())")  # (the latest slot until the hour turns)
+    db.execute("SELECT dispatch.tick()")
+    run_id = scalar(db, "SELECT id FROM dispatch.runs WHERE schedule_id = %s", (sid,))
+    assert state(db, sid)["item"] == "pending"
+    db.execute("UPDATE dispatch.schedules SET overlap = 'allow' WHERE id = %s", (sid,))
+    settling = state(db, sid)
+    assert (settling["item"], settling["run_id"]) == ("settling", run_id)
+    assert explain_agrees(db)["state settling"] == 1
+
+
 def fresh(db: psycopg.Connection) -> None:
     """Nothing left of the part before (a database copied for each test costs half a second)."""
     db.execute("TRUNCATE dispatch.runs, dispatch.audit_log, dispatch.schedules")
@@ -273,6 +285,8 @@ def test_a_run_open_busy_retrying_expired_or_missed(db: psycopg.Connection) -> N
     _busy_retry_wait_and_the_last_outcome(db)
     fresh(db)
     _an_expired_lease_and_a_missed_run(db)
+    fresh(db)
+    _allow_set_while_a_run_stands_on_the_slot(db)
     fresh(db)
     _backed_off_buffered_and_waiting_its_turn(db)
 
