@@ -22,7 +22,7 @@
 --                                                       -- buffer_one): the open run's word
 --             due        a slot is due and not marked: the next tick marks it (at: that slot)
 --             missed     every due slot is beyond misfire_grace: the tick records them skipped
---             settling   its slot already has a finished run: the tick moves it on
+--             settling   its due slot already has a run: the tick moves it on
 --             live       nothing to do before its next slot fires (at: that instant)
 --   open run: running | expired (its lease ran out: the next tick hands it out again or ends it
 --             lost) | pending (the next claim takes it) | jitter_wait | retry_wait (not
