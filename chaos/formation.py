@@ -81,8 +81,9 @@ shared_buffers = '128MB'
 effective_cache_size = '1GB'
 maintenance_work_mem = '64MB'
 # As the test cluster: a kill -9 keeps the page cache, only the machine's crash would not.
+# full_page_writes stays on: pg_rewind needs it to make the old primary a standby (without it
+# pg_autoctl falls back to a whole new base backup).
 fsync = off
-full_page_writes = off
 # The standby's base backup starts with a checkpoint: let it finish at once.
 checkpoint_completion_target = 0.01
 """

@@ -1,6 +1,6 @@
 """The chaos suite: real PostgreSQL, real listeners, a counting sink, and faults at random moments.
 
-    .venv/bin/python -m chaos.run --profile quick|full|failover [--seed N] [--keep]
+    .venv/bin/python -m chaos.run --profile quick|full|failover|autofailover... [--seed N] [--keep]
 
 What it runs (all of it its own, in ``.pgdata/chaos`` unless ``--dir`` says otherwise):
 
@@ -34,6 +34,13 @@ The failover profile runs a primary and a synchronous streaming standby (``HAClu
 with listeners given both hosts and ``target_session_attrs=read-write``, and its only faults are
 failovers: the primary stopped with ``-m immediate``, the standby promoted, a new standby built
 from it; it also reports how soon outcomes are recorded on the new primary (goal 10 s).
+
+The autofailover profiles (``autofailover``, ``-async``, ``-default``) run a pg_auto_failover
+formation instead (``chaos.formation.Formation``): the primary's host is killed -9, the monitor
+promotes the standby on its own, the old primary comes back as a standby; besides the
+invariants they report the time from the kill to the first outcome on the new primary, the
+slots called again although answered, and whether pg_cron ticked once a minute on the new
+primary and never on the standby (tests/chaos/test_auto_failover.py, ``-m failover``).
 
 Exit status: 0 when every invariant holds, 1 otherwise.
 """
