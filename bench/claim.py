@@ -1,11 +1,12 @@
 """Claiming stays fast however much history dispatch.runs holds, and what a run costs on disk.
 
-    .venv/bin/python -m bench.claim [--pending 100000] [--finished 10000000]
+    .venv/bin/python -m bench.claim [--pending 100000] [--finished 10000000] [--write-cost-only]
 
 1. claim_runs(worker, 100, lease) with --pending pending runs, before and after loading
    --finished finished runs: median ms per claim (each rolled back), and the plan's index.
 2. Write cost of one dispatched run (mark + claim + complete_runs, audit row included): WAL
-   bytes from pg_current_wal_lsn() and table + index growth, per run, over 10,000 runs."""
+   bytes from pg_current_wal_lsn() and table + index growth, per run, over 10,000 runs, and
+   each step's share (WAL bytes and statement time a run)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import argparse
 import re
 import subprocess
 import time
+from typing import Any
 
 import psycopg
 
@@ -81,6 +83,18 @@ def wal_by_relation(conn: psycopg.Connection, since: str, runs: int) -> list[tup
     return [(name, size / runs) for name, size in ranked if size / runs >= 10]
 
 
+def _step(conn: psycopg.Connection, tally: list[float], sql: str, params: tuple[object, ...] = ()
+          ) -> list[tuple[Any, ...]]:
+    """Run `sql`, adding its WAL bytes and seconds to tally."""
+    (before,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone()  # type: ignore[misc]
+    started = time.perf_counter()
+    rows = conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+    tally[1] += time.perf_counter() - started
+    (wal,) = conn.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", (before,)).fetchone()  # type: ignore[misc]
+    tally[0] += int(wal)
+    return rows
+
+
 def write_cost(conninfo: str, runs: int) -> None:
     size_sql = (
         "SELECT pg_total_relation_size('dispatch.runs') + pg_total_relation_size('dispatch.audit_log')"
@@ -102,20 +116,24 @@ def write_cost(conninfo: str, runs: int) -> None:
                          " SET next_run_at = clock_timestamp() - interval '10 seconds'")
             (lsn0,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone()  # type: ignore[misc]
             (size0,) = conn.execute(size_sql).fetchone()  # type: ignore[misc]
-            assert conn.execute("SELECT dispatch.tick()").fetchone() == (runs,)
-            while rows := conn.execute(claim).fetchall():
+            # Each step's WAL and time apart: the claim's (pending -> running) is what a claim
+            # straight from the due slots would save at most (issue 22's design lever).
+            steps: dict[str, list[float]] = {"mark": [0, 0.0], "claim": [0, 0.0], "complete": [0, 0.0]}
+            assert _step(conn, steps["mark"], "SELECT dispatch.tick()") == [(runs,)]
+            while rows := _step(conn, steps["claim"], claim):
                 ids = [r[0] for r in rows]
-                conn.execute(
-                    "SELECT count(*) FROM dispatch.complete_runs('bench', %s, %s, %s, %s, %s, %s)",
-                    (ids, [r[1] for r in rows], ["ok"] * len(ids), [None] * len(ids), [200] * len(ids),
-                     [12] * len(ids)),
-                )
+                _step(conn, steps["complete"],
+                      "SELECT count(*) FROM dispatch.complete_runs('bench', %s, %s, %s, %s, %s, %s)",
+                      (ids, [r[1] for r in rows], ["ok"] * len(ids), [None] * len(ids), [200] * len(ids),
+                       [12] * len(ids)))
             (wal,) = conn.execute("SELECT pg_current_wal_lsn() - %s::pg_lsn", (lsn0,)).fetchone()  # type: ignore[misc]
             (size1,) = conn.execute(size_sql).fetchone()  # type: ignore[misc]
             print(
                 f"  {label:<32} WAL {int(wal) / runs:,.0f} bytes/run (goal <= 2 kB)"
                 f"   table+index growth {(size1 - size0) / runs:,.0f} bytes/run"
             )
+            print("    by step: " + ", ".join(f"{name} {b / runs:,.0f} bytes {t / runs * 1e6:,.1f} us"
+                                              for name, (b, t) in steps.items()) + " a run")
         # The steady-state round's WAL, record by record, charged to the relation it changed.
         print("  where the steady state's WAL goes (pg_waldump, bytes/run):")
         for name, size in wal_by_relation(conn, lsn0, runs):
@@ -127,7 +145,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pending", type=int, default=100_000)
     parser.add_argument("--finished", type=int, default=10_000_000)
+    parser.add_argument("--write-cost-only", action="store_true", help="only part 2")
     args = parser.parse_args()
+    if args.write_cost_only:
+        write_cost(fresh_database("bench_write_cost"), 10_000)
+        return
 
     conninfo = fresh_database("bench_claim")
     with psycopg.connect(conninfo, autocommit=True) as conn:

@@ -1,6 +1,6 @@
 """The chaos suite: real PostgreSQL, real listeners, a counting sink, and faults at random moments.
 
-    .venv/bin/python -m chaos.run --profile quick|full|failover [--seed N] [--keep]
+    .venv/bin/python -m chaos.run --profile quick|full|failover|autofailover... [--seed N] [--keep]
 
 What it runs (all of it its own, in ``.pgdata/chaos`` unless ``--dir`` says otherwise):
 
@@ -35,6 +35,13 @@ with listeners given both hosts and ``target_session_attrs=read-write``, and its
 failovers: the primary stopped with ``-m immediate``, the standby promoted, a new standby built
 from it; it also reports how soon outcomes are recorded on the new primary (goal 10 s).
 
+The autofailover profiles (``autofailover``, ``-async``, ``-default``) run a pg_auto_failover
+formation instead (``chaos.formation.Formation``): the primary's host is killed -9, the monitor
+promotes the standby on its own, the old primary comes back as a standby; besides the
+invariants they report the time from the kill to the first outcome on the new primary, the
+slots called again although answered, and whether pg_cron ticked once a minute on the new
+primary and never on the standby (tests/chaos/test_auto_failover.py, ``-m failover``).
+
 Exit status: 0 when every invariant holds, 1 otherwise.
 """
 
@@ -42,12 +49,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -60,12 +67,11 @@ from typing import Any
 
 import psycopg
 
+from chaos.formation import PGBIN, Formation, as_owner, free_port
+
 __all__ = ["PROFILES", "Profile", "Result", "run_chaos"]
 
 ROOT = Path(__file__).resolve().parent.parent
-_BINDIR = subprocess.run([str(ROOT / "scripts" / "pg-cluster"), "bindir"], check=True, capture_output=True,
-                         text=True).stdout.strip()
-PGBIN = Path(os.environ.get("PGBIN") or _BINDIR)
 PGDISPATCH = Path(sys.executable).parent / "pgdispatch"
 DBNAME = "chaos"
 BASELINE_MODE = {"fail": 0.02, "slow": 0.03}
@@ -93,7 +99,16 @@ class Profile:
     drain_s: float = 120.0
     resume_goal_s: float = 5.0
     failovers: int = 0  # a primary with a synchronous standby, the primary killed, the standby promoted
+    # Who promotes: "" the harness itself (HACluster: pg_ctl promote), "pg_auto_failover" its
+    # monitor (chaos.formation.Formation: the primary's host killed, the old primary brought back).
+    manager: str = ""
+    synchronous: bool = True  # pg_auto_failover: the standby in the write quorum
+    tuned: bool = True  # pg_auto_failover: the monitor's health checks tuned (chaos.formation)
 
+
+_AUTO = Profile(schedules=100, minutes=30, minute_s=2.0, listeners=2, timeout_s=30.0, lease_s=60.0,
+                kills=0, terminates=0, restarts_fast=0, restarts_immediate=0, sink_windows=0, sink_downs=0,
+                failovers=1, resume_goal_s=10.0, manager="pg_auto_failover")
 
 PROFILES = {
     "quick": Profile(schedules=300, minutes=40, minute_s=1.0),
@@ -103,6 +118,13 @@ PROFILES = {
     # soon outcomes are recorded on the new primary (goal 10 s), besides the invariants.
     "failover": Profile(schedules=600, minutes=40, minute_s=3.0, kills=0, terminates=0, restarts_fast=0,
                         restarts_immediate=0, sink_windows=0, sink_downs=0, failovers=2, resume_goal_s=10.0),
+    # The drills under pg_auto_failover (tests/chaos/test_auto_failover.py, -m failover): 3,100
+    # slots, two listeners with the listener's default timeout and lease (30 s, 60 s: outcomes
+    # kept across the failover still land), the primary's host killed once mid-round.
+    "autofailover": _AUTO,
+    "autofailover-async": dataclasses.replace(_AUTO, synchronous=False),
+    # The same with pg_auto_failover's default timing: about 50 s from the kill to writes.
+    "autofailover-default": dataclasses.replace(_AUTO, tuned=False),
 }
 
 
@@ -120,17 +142,6 @@ class Result:
 
 def _log(message: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def _as_owner(*cmd: str) -> list[str]:
-    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else list(cmd)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Cluster:
@@ -151,8 +162,8 @@ class Cluster:
                        capture_output=True)
 
     def restart(self, mode: str) -> None:
-        subprocess.run(_as_owner(str(PGBIN / "pg_ctl"), "-D", str(self.folder / "data"), "-l",
-                                 str(self.folder / "server.log"), "-w", "-t", "60", "-m", mode, "restart"),
+        subprocess.run(as_owner(str(PGBIN / "pg_ctl"), "-D", str(self.folder / "data"), "-l",
+                                str(self.folder / "server.log"), "-w", "-t", "60", "-m", mode, "restart"),
                        check=True, capture_output=True)
 
     def url(self, dbname: str = DBNAME) -> str:
@@ -171,14 +182,14 @@ class HACluster:
 
     def __init__(self, folder: Path) -> None:
         self.folders = [folder / "a", folder / "b"]
-        self.ports = [_free_port(), _free_port()]
+        self.ports = [free_port(), free_port()]
         self.primary = 0
         self.port = self.ports[0]
         self.failovers: list[tuple[float, float]] = []  # (primary killed, standby promoted)
 
     def _pg_ctl(self, i: int, *args: str) -> None:
-        subprocess.run(_as_owner(str(PGBIN / "pg_ctl"), "-D", str(self.folders[i] / "data"), "-l",
-                                 str(self.folders[i] / "server.log"), "-w", "-t", "60", *args),
+        subprocess.run(as_owner(str(PGBIN / "pg_ctl"), "-D", str(self.folders[i] / "data"), "-l",
+                                str(self.folders[i] / "server.log"), "-w", "-t", "60", *args),
                        check=True, capture_output=True)
 
     def _direct(self, i: int, dbname: str = "postgres") -> str:
@@ -203,9 +214,9 @@ class HACluster:
         folder.mkdir(parents=True)
         if os.geteuid() == 0:
             shutil.chown(folder, "postgres", "postgres")
-        subprocess.run(_as_owner(str(PGBIN / "pg_basebackup"), "-h", "127.0.0.1", "-p",
-                                 str(self.ports[self.primary]), "-U", "postgres", "-D", str(folder / "data"),
-                                 "-R", "-X", "stream", "-c", "fast"), check=True, capture_output=True)
+        subprocess.run(as_owner(str(PGBIN / "pg_basebackup"), "-h", "127.0.0.1", "-p",
+                                str(self.ports[self.primary]), "-U", "postgres", "-D", str(folder / "data"),
+                                "-R", "-X", "stream", "-c", "fast"), check=True, capture_output=True)
         self._pg_ctl(i, "-o", f"-p {self.ports[i]}", "start")
         with psycopg.connect(self._direct(self.primary), autocommit=True) as conn:
             def until(query: str, what: str) -> None:
@@ -239,8 +250,8 @@ class HACluster:
     @staticmethod
     def _stop(folder: Path) -> None:
         if (folder / "data" / "postmaster.pid").exists():
-            subprocess.run(_as_owner(str(PGBIN / "pg_ctl"), "-D", str(folder / "data"), "-m", "immediate",
-                                     "-w", "stop"), check=False, capture_output=True)
+            subprocess.run(as_owner(str(PGBIN / "pg_ctl"), "-D", str(folder / "data"), "-m", "immediate",
+                                    "-w", "stop"), check=False, capture_output=True)
 
     def stop(self) -> None:
         for folder in self.folders:
@@ -260,8 +271,8 @@ class HACluster:
 
 class SinkProcess:
     def __init__(self, workdir: Path, hang_s: float) -> None:
-        self.port = _free_port()
-        self.control_port = _free_port()
+        self.port = free_port()
+        self.control_port = free_port()
         self.record = workdir / "sink-requests.tsv"
         self.record.unlink(missing_ok=True)
         self.log = workdir / "sink.log"
@@ -329,7 +340,14 @@ class Harness:
         self.profile = profile
         self.folder = folder
         self.rng = random.Random(seed)
-        self.cluster: Cluster | HACluster = HACluster(folder) if profile.failovers else Cluster(folder)
+        self.cluster: Cluster | HACluster | Formation
+        if profile.manager == "pg_auto_failover":
+            self.cluster = Formation(folder / "formation", synchronous=profile.synchronous,
+                                     tuned=profile.tuned)
+        elif profile.failovers:
+            self.cluster = HACluster(folder)
+        else:
+            self.cluster = Cluster(folder)
         self.workdir = folder / "run"
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.sink = SinkProcess(self.workdir, hang_s=profile.timeout_s + 3)
@@ -352,6 +370,9 @@ class Harness:
             conn.execute(f"CREATE DATABASE {DBNAME}")
         self.cluster.psql("-f", str(ROOT / "sql" / "install.sql"))
         self.cluster.psql("-f", str(Path(__file__).with_name("schema.sql")))
+        if isinstance(self.cluster, Formation):
+            # pg_cron lives in database postgres on every node: the tick job goes there.
+            self.cluster.register_pg_cron(DBNAME)
         p = self.profile
         with psycopg.connect(self.cluster.url(), autocommit=True) as conn:
             # A mix of run policies: a quarter call "flaky" (20 % of its requests fail), a quarter
@@ -431,7 +452,11 @@ class Harness:
 
     def inject(self, kind: str) -> None:
         if kind == "failover":
-            assert isinstance(self.cluster, HACluster)
+            assert isinstance(self.cluster, HACluster | Formation)
+            # Mid-round: while the sink is answering requests (wait a little for some).
+            deadline = time.monotonic() + 3
+            while not any(self.sink.inflight().values()) and time.monotonic() < deadline:
+                time.sleep(0.02)
             killed, promoted = self.cluster.failover()
             # For the analysis a failover is a database restart: from the kill to the promotion.
             self.restarts.append((killed, promoted))
@@ -731,21 +756,55 @@ class Harness:
         figures["sink windows (fail / hang / reset / slow / down)"] = " / ".join(
             str(sum(1 for f in self.faults if f[0] == kind))
             for kind in ("sink_fail", "sink_hang", "sink_reset", "sink_slow", "sink_down"))
-        if isinstance(self.cluster, HACluster):
-            first_outcomes = []
+        ha_failures: list[str] = []
+        if isinstance(self.cluster, HACluster | Formation):
+            first_outcomes, from_kill, again, again_answered = [], [], [], []
             for killed, promoted in self.cluster.failovers:
                 with psycopg.connect(self.cluster.url(), autocommit=True) as conn:
-                    row = conn.execute("SELECT extract(epoch FROM min(finished_at)) FROM dispatch.runs"
-                                       " WHERE finished_at > to_timestamp(%s)", (promoted,)).fetchone()
-                first = float(row[0]) - promoted if row and row[0] is not None else float("inf")
-                first_outcomes.append(first)
+                    first_after = ("SELECT extract(epoch FROM min(finished_at)) FROM dispatch.runs"
+                                   " WHERE finished_at > to_timestamp(%s)")
+                    row = conn.execute(first_after, (promoted,)).fetchone()
+                    first_outcomes.append(float(row[0]) - promoted if row and row[0] is not None
+                                          else float("inf"))
+                    # Counted from the promotion, not as the first finished_at after the kill: the
+                    # old primary may commit for a few milliseconds after `killed` was read.
+                    from_kill.append(promoted - killed + first_outcomes[-1])
+                    # Slots called before the kill and called again after it although the sink
+                    # had not failed them (a retry of a failure is no repeat): always under one
+                    # request id (checked above). Of those, the ones answered before the kill:
+                    # outcomes that died with the old primary (asynchronous replication), or
+                    # that the listener kept until the run's lease ended.
+                    row = conn.execute(
+                        "SELECT count(DISTINCT b.request_id),"
+                        "       count(DISTINCT b.request_id) FILTER (WHERE b.answered < %s)"
+                        " FROM chaos.requests b JOIN chaos.requests a ON a.request_id = b.request_id"
+                        " WHERE b.arrived < %s AND b.decision IN ('ok', 'slow') AND a.arrived > %s",
+                        (killed, killed, killed)).fetchone()
+                    assert row is not None
+                    again.append(row[0])
+                    again_answered.append(row[1])
                 at = time.strftime("%H:%M:%S", time.localtime(killed))
                 figures[f"failover at {at}: primary killed to standby promoted (s)"] = (
                     f"{promoted - killed:.2f}")
             figures["failovers"] = str(len(self.cluster.failovers))
             figures["seconds to the first outcome on the new primary, per failover"] = ", ".join(
                 f"{t:.2f}" for t in first_outcomes)
+            figures["seconds from the kill to the first outcome on the new primary, per failover"] = (
+                ", ".join(f"{t:.2f}" for t in from_kill))
+            figures["slots called again after a failover although answered (same request id)"] = ", ".join(
+                str(n) for n in again)
+            figures["  of which answered before the kill (outcome not on the new primary)"] = ", ".join(
+                str(n) for n in again_answered)
             self.first_outcomes = first_outcomes
+        if isinstance(self.cluster, Formation):
+            figures["pg_auto_failover: replication / monitor timing"] = (
+                f"{'synchronous' if self.cluster.synchronous else 'asynchronous'} / "
+                f"{'tuned' if self.cluster.tuned else 'default'}")
+            rejoins = zip(self.cluster.failovers, self.cluster.rejoined, strict=False)
+            figures["seconds from the kill to the old primary streaming as a standby, per failover"] = (
+                ", ".join(f"{rejoined - killed:.2f}" for (killed, _), rejoined in rejoins))
+            cron_figures, ha_failures = self.cluster.pg_cron_figures()
+            figures.update(cron_figures)
         figures["faults that could not be injected"] = str(
             sum(1 for f in self.faults if f[0].endswith("_failed")))
         figures["listeners that exited on their own"] = str(len(self.crashed))
@@ -773,7 +832,10 @@ class Harness:
         must_be("runs whose status disagrees with the sink", "0")
         must_be("extra invocations with no kill, terminate or restart to explain them", "0")
         must_be("retried attempts whose recorded error disagrees with the sink", "0")
-        must_be("same attempt invoked twice", "0")
+        if self.profile.synchronous:
+            # With asynchronous replication a claim the old primary made and never sent is made
+            # again on the new one with the same attempt number (counted, not judged).
+            must_be("same attempt invoked twice", "0")
         must_be("slots invoked under more than one request id", "0")
         must_be("requests whose request id, slot or schedule is not their run's", "0")
         must_be("run audit rows", figures["finished runs"])
@@ -784,7 +846,9 @@ class Harness:
             if first > self.profile.resume_goal_s:
                 failures.append(f"the first outcome on a new primary came {first:.2f} s after the promotion "
                                 f"(goal {self.profile.resume_goal_s:g} s)")
-        if isinstance(self.cluster, HACluster) and len(self.cluster.failovers) < self.profile.failovers:
+        failures += ha_failures
+        if (isinstance(self.cluster, HACluster | Formation)
+                and len(self.cluster.failovers) < self.profile.failovers):
             failures.append("fewer failovers than planned")
         if not resume or len(finite) < len(resume):
             failures.append("a listener never resumed dispatching after a database restart")

@@ -14,7 +14,8 @@ less SERVER_MARGIN_S, then the statement, committed by the server as it ends (_b
 transaction, so that it holds through a transaction pooler, and bounding the statement as a
 whole, not each lock wait. A call cancelled at its
 deadline also sends the server a cancel request, fire and forget, before its connection is
-closed.
+closed. And a call that reaches the server only after its deadline (a path that stalled, then
+delivered) is refused there: it carries that deadline on the server's clock (_NOT_AFTER).
 
 Errors come in two kinds. DatabaseUnavailable: the database is down, unreachable or slow to
 answer; wait and retry. DatabaseMisconfigured: it answered, and the answer will not change by
@@ -30,7 +31,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 import psycopg
@@ -89,6 +90,13 @@ CHECK_AFTER_IDLE_S = 1.0
 # The server gives a statement up this much before the listener would: its error, not a silent
 # cancel, is what the listener sees, and nothing commits after the listener stopped waiting.
 SERVER_MARGIN_S = 0.25
+# A statement_timeout counts from the statement's arrival, and a call held up on its way (a path
+# that stalled, then delivered) would run in full after the listener gave up on it. So each call
+# also carries its deadline on the database's clock, and the server refuses it when it arrives
+# later. The offset between the two clocks is read this often, from a round trip short enough
+# (CLOCK_READ_MAX_RTT_S) to place the server's reading within half of it.
+CLOCK_READ_EVERY_S = 60.0
+CLOCK_READ_MAX_RTT_S = 0.2
 # A cancel request sent when a call is given up is not waited for longer than this.
 CANCEL_TIMEOUT_S = 2.0
 # Sent before each call's statement, in the same message: its transaction is READ COMMITTED whatever
@@ -97,6 +105,10 @@ CANCEL_TIMEOUT_S = 2.0
 # pooler (PgBouncer) may hand the next call another server session.
 _BOUND = ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = '{bound}';"
           " SET LOCAL lock_timeout = '{bound}'; ")
+# Then, once the clocks' offset is known: a call that arrives after its deadline does nothing.
+_NOT_AFTER = ("DO $$BEGIN IF clock_timestamp() > '{at}' THEN"
+              " RAISE EXCEPTION 'arrived after its deadline ({at})' USING ERRCODE = 'query_canceled';"
+              " END IF; END$$; ")
 _COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 # Every column, read by position: kind (the twelfth) is there only once the install that added it
 # has run, and a listener must keep working on the install before.
@@ -194,23 +206,29 @@ async def _configure(conn: LiveConnection) -> None:
         conn.adapters.register_loader(type_name, TextLoader)
 
 
-def _server_bound(deadline: float) -> str:
-    """statement_timeout for a statement that must end by `deadline` (time.monotonic())."""
+def _server_left_s(deadline: float) -> float:
+    """How long the server may take over a statement that must end by `deadline` (time.monotonic())."""
     left_s = deadline - time.monotonic()
-    return f"{max(1, int((left_s - min(SERVER_MARGIN_S, left_s / 4)) * 1000))}ms"
+    return left_s - min(SERVER_MARGIN_S, left_s / 4)
 
 
 async def _bounded(conn: LiveConnection, query: str, params: tuple[Any, ...],
-                   row_factory: AsyncRowFactory[Row], deadline: float) -> list[Row]:
+                   row_factory: AsyncRowFactory[Row], deadline: float,
+                   server_clock_offset_s: float | None = None) -> list[Row]:
     """`query`, which the server ends by `deadline`, in one message of the simple protocol: the
     settings of _BOUND, then the statement, in one implicit transaction that the server commits as
     soon as the statement ends. Not BEGIN ... COMMIT: the locks the statement took would be held
     until the listener's COMMIT went out, which waits for the event loop (a busy loop, a stopped
-    process), and a user's write to the schedule would wait on the listener."""
-    bound = _server_bound(deadline)
+    process), and a user's write to the schedule would wait on the listener. With the offset of
+    the server's clock from time.time(), the server also refuses the call if it arrives after
+    its deadline (_NOT_AFTER)."""
+    left_s = _server_left_s(deadline)
+    message = _BOUND.format(bound=f"{max(1, int(left_s * 1000))}ms")
+    if server_clock_offset_s is not None:
+        at = datetime.fromtimestamp(time.time() + server_clock_offset_s + left_s, UTC)
+        message += _NOT_AFTER.format(at=at.isoformat())
     cursor = psycopg.AsyncClientCursor(conn, row_factory=row_factory)
-    statement = cursor.mogrify(query, params)
-    await cursor.execute(_BOUND.format(bound=bound) + statement)
+    await cursor.execute(message + cursor.mogrify(query, params))
     while cursor.nextset():  # the SETs' results, then the statement's
         pass
     return await cursor.fetchall()
@@ -304,6 +322,8 @@ class Database:
         self._failing = False  # a call failed for want of the database since the last one that did not
         self._failing_now = asyncio.Event()  # set while _failing: wakes heal()
         self._closing: set[asyncio.Task[None]] = set()
+        self._server_clock_offset_s: float | None = None  # the server's clock less time.time()
+        self._clock_read_at = float("-inf")  # time.monotonic() of the last reading
         self.pool = self._new_pool()
 
     def _new_pool(self) -> AsyncConnectionPool[LiveConnection]:
@@ -394,8 +414,20 @@ class Database:
                      ) -> list[dict[str, Any]]:
         return await self._rows(query, params, dict_row, timeout_s=timeout_s)
 
+    async def _read_server_clock(self) -> None:
+        """The offset of the server's clock, from a round trip short enough to trust (a slow one
+        leaves the last reading in place)."""
+        sent = time.time()
+        rows = await self._rows("SELECT clock_timestamp() AS now", (), dict_row, read_clock=False)
+        received = time.time()
+        self._clock_read_at = time.monotonic()
+        if received - sent <= CLOCK_READ_MAX_RTT_S:
+            self._server_clock_offset_s = rows[0]["now"].timestamp() - (sent + received) / 2
+
     async def _rows(self, query: str, params: tuple[Any, ...], row_factory: AsyncRowFactory[Row], *,
-                    timeout_s: float | None = None) -> list[Row]:
+                    timeout_s: float | None = None, read_clock: bool = True) -> list[Row]:
+        if read_clock and time.monotonic() - self._clock_read_at > CLOCK_READ_EVERY_S:
+            await self._read_server_clock()
         limit = timeout_s or self._call_timeout_s
         deadline = time.monotonic() + limit
         pool = self.pool
@@ -404,7 +436,8 @@ class Database:
             # a path that died silently is cancelled (psycopg then closes that connection).
             async with asyncio.timeout(limit):
                 async with pool.connection(timeout=min(CONNECTION_WAIT_S, limit)) as conn:
-                    rows = await _bounded(conn, query, params, row_factory, deadline)
+                    rows = await _bounded(conn, query, params, row_factory, deadline,
+                                          self._server_clock_offset_s)
                     self._last_used[conn] = time.monotonic()
         except TimeoutError:
             self._set_failing(True)

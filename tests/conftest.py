@@ -52,6 +52,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.option.postgresql_user = "postgres"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The failover drills build a pg_auto_failover formation of their own and take minutes: they
+    # run only when the marker expression names them (scripts/test -m failover).
+    if "failover" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="a failover drill: run it with -m failover")
+    for item in items:
+        if item.get_closest_marker("failover") is not None:
+            item.add_marker(skip)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput") and os.environ.get("PGDISPATCH_TEST_KEEP_CLUSTER") != "1":
         subprocess.run([str(ROOT / "scripts" / "pg-cluster"), "stop", str(CLUSTER_DIR)], check=False)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import calendar
 import dataclasses
+import os
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
 from functools import cache
@@ -558,7 +559,8 @@ def cases(zones: Sequence[str], dst_bias: bool) -> st.SearchStrategy[Case]:
 # No shrinking: a failing batch already lists each failing case on its own line, and shrinking a
 # list of 30-60 cases one draw at a time takes minutes.
 BATCH_SETTINGS = settings(
-    max_examples=50,
+    # 30 batches of 30-60 cases a test in the suite; a long run by hand: PGDISPATCH_ORACLE_EXAMPLES=1000
+    max_examples=int(os.environ.get("PGDISPATCH_ORACLE_EXAMPLES", "30")),
     deadline=None,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[

@@ -46,7 +46,7 @@ def slot_rule(expr: str) -> tuple[str | None, str | None]:
     """(cron_expression, every) for an entry of EXPRESSIONS."""
     return (None, expr.removeprefix("every ")) if expr.startswith("every ") else (expr, None)
 ZONES = ["UTC", "Europe/Berlin", "Asia/Kolkata"]
-EXAMPLES = int(os.environ.get("PGDISPATCH_STATEFUL_EXAMPLES", "400"))
+EXAMPLES = int(os.environ.get("PGDISPATCH_STATEFUL_EXAMPLES", "300"))
 # The CI walk is always the same (derandomized); a long walk by hand explores new ones.
 FIXED_SEED = "PGDISPATCH_STATEFUL_EXAMPLES" not in os.environ
 STEPS_PER_EXAMPLE = 50

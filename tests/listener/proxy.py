@@ -27,6 +27,7 @@ class _Link:
     server: asyncio.StreamWriter
     mode: str = "forward"  # forward, blackhole, stall
     resumed: asyncio.Event = field(default_factory=asyncio.Event)
+    pumping: int = 2  # the directions still open
 
 
 class Proxy:
@@ -80,6 +81,7 @@ class Proxy:
             task.add_done_callback(self._tasks.discard)
 
     async def _pump(self, link: _Link, source: asyncio.StreamReader, target: asyncio.StreamWriter) -> None:
+        ended = False
         try:
             while data := await source.read(65536):
                 if link.mode == "stall":
@@ -88,12 +90,20 @@ class Proxy:
                     continue  # swallowed: the peer's kernel acknowledged it, nobody answers
                 target.write(data)
                 await target.drain()
+            ended = True
         except (ConnectionError, OSError):
             pass
         finally:
+            link.pumping -= 1
             if link.mode != "blackhole":
                 with contextlib.suppress(Exception):
-                    target.close()
+                    # A peer that closed its end sent a FIN after its data, as TCP does: the
+                    # other side may still answer until it closes its own.
+                    if ended and link.pumping and target.can_write_eof():
+                        target.write_eof()
+                    else:
+                        link.client.close()
+                        link.server.close()
                 self._links.discard(link)
 
     def blackhole(self) -> int:

@@ -11,8 +11,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+import pytest
 
-from dispatcher.database import CALL_TIMEOUT_S
+from dispatcher.database import CALL_TIMEOUT_S, Database, DatabaseUnavailable
 
 from .kit import ListenerProcess, Running, Sink, add_schedules, mark_all_due, scalar, until
 from .proxy import Proxy
@@ -149,3 +150,34 @@ async def test_no_call_holds_its_transaction_open_waiting_on_the_listener(
             (running.listener.settings.application_name,))
         seen |= {state for (state,) in await cursor.fetchall()}
     assert "idle in transaction" not in seen, seen
+
+
+async def test_a_claim_that_reaches_the_server_after_its_deadline_is_refused(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, proxies: list[Proxy],
+) -> None:
+    """A statement_timeout counts from the statement's arrival: a claim held up on its way (the
+    path stalls, the listener gives up, the path comes back and delivers it) would run in full
+    and commit, leasing runs to a listener that never heard of them (invoked only when the lease
+    runs out, an attempt burnt). The server refuses a call that arrives after the deadline the
+    listener gave it, on the database's clock."""
+    (pool_proxy, _) = proxies
+    database = Database(pool_proxy.url(dsn), application_name="pgdispatch late", worker_id="late",
+                        pool_size=1, call_timeout_s=1.0)
+    await database.open()
+    try:
+        add_schedules(db, 3)
+        mark_all_due(db)
+        assert await database.lost_runs_after(None) == (0, 0)  # the pool is up, the clock read
+        backend = await scalar(adb, "SELECT pid FROM pg_stat_activity"
+                                    " WHERE application_name = 'pgdispatch late'")
+        pool_proxy.stall()
+        with pytest.raises(DatabaseUnavailable):
+            await database.claim(3, lease_s=60, timeout_s=30)
+        pool_proxy.resume()  # what the listener sent arrives now, after it gave up, then its EOF
+        await until(lambda: scalar(adb, "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = %s",
+                                   (backend,)),
+                    what="the late claim over on the server, and its session")
+        assert await scalar(adb, "SELECT count(*) FROM dispatch.runs WHERE status = 'running'") == 0
+        assert [run.run_id for run in await database.claim(3, lease_s=60, timeout_s=30)] != []
+    finally:
+        await database.close()
