@@ -516,6 +516,12 @@ class Database:
                                  (after_id,))
         return {row["reason"]: int(row["slots"]) for row in rows}, int(rows[0]["last_id"])
 
+    async def open_breakers(self) -> set[tuple[str, str]]:
+        """The functions (project_id, function_name) whose circuit breaker is open."""
+        rows = await self._fetch("SELECT project_id, function_name FROM dispatch.breaker_states()"
+                                 " WHERE state = 'open'")
+        return {(row["project_id"], row["function_name"]) for row in rows}
+
     async def lost_runs_after(self, after_id: int | None) -> tuple[int, int]:
         """Runs that ended lost after audit row `after_id` (None: 0, and where to start), and the id
         to pass next time."""

@@ -66,15 +66,21 @@ def opened(db: psycopg.Connection, schedules: int = 5, expr: str = YEARLY) -> li
     return sids
 
 
+def spacing_of_last_probe(db: psycopg.Connection) -> timedelta:
+    """From the last probe's claim to the instant the next one may go."""
+    return scalar(db, "SELECT b.next_probe_at - r.claimed_at FROM dispatch.breakers b"
+                      " JOIN dispatch.runs r ON r.id = b.probe_run_id WHERE b.function_name = %s", (DOWN,))
+
+
 def audit(db: psycopg.Connection, action: str) -> list[tuple[str | None, dict[str, Any]]]:
     return [(a, m) for a, m in db.execute(
         "SELECT actor_id, metadata FROM dispatch.audit_log WHERE action = %s ORDER BY id", (action,))]
 
 
 def test_the_documented_defaults(db: psycopg.Connection) -> None:
-    assert db.execute("SELECT breaker_threshold, breaker_window, breaker_probe_spacing, breaker_probe_spacing_max"
-                      " FROM dispatch.settings").fetchone() == (5, timedelta(minutes=5), timedelta(seconds=1),
-                                                               timedelta(seconds=10))
+    settings = db.execute("SELECT breaker_threshold, breaker_window, breaker_probe_spacing,"
+                          " breaker_probe_spacing_max FROM dispatch.settings").fetchone()
+    assert settings == (5, timedelta(minutes=5), timedelta(seconds=1), timedelta(seconds=10))
     # spacing doubles from 1 s, capped at 10 s
     assert [scalar(db, "SELECT extract(epoch FROM dispatch._probe_spacing(%s))::float8", (n,))
             for n in range(6)] == [1, 2, 4, 8, 10, 10]
@@ -101,7 +107,8 @@ def test_opens_at_the_threshold_and_its_runs_wait_without_using_attempts(db: psy
                   (DOWN,)) == timedelta(seconds=1)
 
     # their retries come due before the probe: they wait, their attempts kept, not failed
-    db.execute("UPDATE dispatch.runs SET not_before = now() - interval '1 millisecond' WHERE status = 'pending'")
+    db.execute("UPDATE dispatch.runs SET not_before = now() - interval '1 millisecond'"
+               " WHERE status = 'pending'")
     assert claim(db, "w", 100) == []
     for run in down:
         row = run_row(db, run[0])
@@ -124,8 +131,7 @@ def test_one_probe_at_a_time_spaced_doubling_then_an_answer_closes_it(db: psycop
     assert probe[7] == 2
     b = breaker(db)
     assert b["probes"] == 1 and b["probe_run_id"] == probe[0]
-    assert scalar(db, "SELECT b.next_probe_at - r.claimed_at FROM dispatch.breakers b, dispatch.runs r"
-                      " WHERE b.function_name = %s AND r.id = b.probe_run_id", (DOWN,)) == timedelta(seconds=2)
+    assert spacing_of_last_probe(db) == timedelta(seconds=2)
     assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE held_by_breaker AND status = 'pending'") == 4
     # however late, nothing else goes while the probe is out
     probe_due(db)
@@ -139,15 +145,15 @@ def test_one_probe_at_a_time_spaced_doubling_then_an_answer_closes_it(db: psycop
                       " AND not_before = %s", (b["next_probe_at"],)) == 1
     probe_due(db)
     [second] = claim(db, "w", 100)
-    assert scalar(db, "SELECT b.next_probe_at - r.claimed_at FROM dispatch.breakers b, dispatch.runs r"
-                      " WHERE b.function_name = %s AND r.id = b.probe_run_id", (DOWN,)) == timedelta(seconds=4)
+    assert spacing_of_last_probe(db) == timedelta(seconds=4)
 
     # it answers: closed, audited, and every waiting run goes at once, its attempts kept
     assert complete(db, second)[0]
     b = breaker(db)
     assert b["state"] == "closed" and b["failures"] == 0 and b["next_probe_at"] is None
     [(actor, meta)] = audit(db, "breaker.close")
-    assert actor is None and meta["reason"] == "answered" and meta["probes"] == 2 and meta["runId"] == second[0]
+    assert actor is None and meta["reason"] == "answered" and meta["probes"] == 2
+    assert meta["runId"] == second[0]
     rest = claim(db, "w", 100)
     assert len(rest) == 4
     # the runs that waited: one attempt before the breaker opened, none while they waited
@@ -212,11 +218,12 @@ def test_only_one_probe_across_concurrent_claimers(db: psycopg.Connection, conne
     assert breaker(db)["probes"] == 2
 
 
-def test_misfire_grace_ends_a_waiting_first_attempt_and_a_retry_keeps_its_policy(db: psycopg.Connection) -> None:
+def test_misfire_grace_ends_a_waiting_first_attempt_and_a_retry_keeps_its_policy(
+        db: psycopg.Connection) -> None:
     opened(db, expr="0 * * * *")
     late = add(db, expr="0 * * * *", misfire_grace="10 minutes")
-    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now() - interval '2 minutes')"
-               " WHERE id = %s", (late,))
+    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now())"
+               " - interval '2 minutes' WHERE id = %s", (late,))
     db.execute("SELECT dispatch.tick()")
     assert claim(db, "w", 100) == []  # it waits with the others
     [waiting] = db.execute("SELECT id FROM dispatch.runs WHERE schedule_id = %s", (late,)).fetchall()

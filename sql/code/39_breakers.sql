@@ -78,9 +78,11 @@ BEGIN
     IF run_ids IS NULL OR NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.state = 'open') THEN
         RETURN run_ids;
     END IF;
-    -- the runs of open breakers, oldest first
-    SELECT array_agg(r.id ORDER BY r.fire_at, r.id), array_agg(b.project_id ORDER BY r.fire_at, r.id),
-           array_agg(b.function_name ORDER BY r.fire_at, r.id)
+    -- the runs of open breakers, the probe's candidates first: the fewest invocations (a probe
+    -- uses up an attempt of its run: they take turns), then the oldest
+    SELECT array_agg(r.id ORDER BY r.attempt - r.released, r.fire_at, r.id),
+           array_agg(b.project_id ORDER BY r.attempt - r.released, r.fire_at, r.id),
+           array_agg(b.function_name ORDER BY r.attempt - r.released, r.fire_at, r.id)
     INTO c_ids, c_projects, c_functions
     FROM dispatch.runs r
     JOIN dispatch.schedules s ON s.id = r.schedule_id
