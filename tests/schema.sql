@@ -341,6 +341,8 @@ $$;
 CREATE FUNCTION dispatch._breaker_outcomes(run_ids bigint[], all_ids bigint[], statuses text[], retryable boolean[], errors text[]) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_indexscan TO 'off'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     st dispatch.settings;
@@ -351,7 +353,7 @@ BEGIN
         RETURN;
     END IF;
     -- the common case: no failure in the batch and no breaker counting or open
-    IF NOT (true = ANY (retryable))
+    IF NOT coalesce(true = ANY (retryable), false)
        AND NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.failures > 0 OR b.state = 'open') THEN
         RETURN;
     END IF;
@@ -1349,6 +1351,8 @@ $$;
 CREATE FUNCTION dispatch._hold_for_breakers(run_ids bigint[]) RETURNS bigint[]
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_indexscan TO 'off'
+    SET enable_seqscan TO 'off'
     AS $$
 DECLARE
     c_ids bigint[];
@@ -1360,9 +1364,11 @@ BEGIN
     IF run_ids IS NULL OR NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.state = 'open') THEN
         RETURN run_ids;
     END IF;
-    -- the runs of open breakers, oldest first
-    SELECT array_agg(r.id ORDER BY r.fire_at, r.id), array_agg(b.project_id ORDER BY r.fire_at, r.id),
-           array_agg(b.function_name ORDER BY r.fire_at, r.id)
+    -- the runs of open breakers, the probe's candidates first: the fewest invocations (a probe
+    -- uses up an attempt of its run: they take turns), then the oldest
+    SELECT array_agg(r.id ORDER BY r.attempt - r.released, r.fire_at, r.id),
+           array_agg(b.project_id ORDER BY r.attempt - r.released, r.fire_at, r.id),
+           array_agg(b.function_name ORDER BY r.attempt - r.released, r.fire_at, r.id)
     INTO c_ids, c_projects, c_functions
     FROM dispatch.runs r
     JOIN dispatch.schedules s ON s.id = r.schedule_id

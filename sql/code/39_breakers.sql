@@ -67,6 +67,8 @@ RETURNS bigint[]
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_indexscan = off
+SET enable_seqscan = off
 AS $$
 DECLARE
     c_ids bigint[];
@@ -146,6 +148,9 @@ BEGIN
 END
 $$;
 
+-- The runs of both are found by id (a bitmap scan of the primary key) whatever the statistics
+-- say, like dispatch._start_runs and dispatch._take_running and for the same reason.
+
 -- complete_runs' outcomes, for the breakers of their functions: runs_ids holds the runs taken
 -- (still running with the caller's attempt), the other arrays are complete_runs' own, parallel
 -- to all_ids. A retryable failure counts; any other outcome (ok, or an error that is final:
@@ -157,6 +162,8 @@ RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_indexscan = off
+SET enable_seqscan = off
 AS $$
 DECLARE
     st dispatch.settings;
@@ -167,7 +174,7 @@ BEGIN
         RETURN;
     END IF;
     -- the common case: no failure in the batch and no breaker counting or open
-    IF NOT (true = ANY (retryable))
+    IF NOT coalesce(true = ANY (retryable), false)
        AND NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.failures > 0 OR b.state = 'open') THEN
         RETURN;
     END IF;
