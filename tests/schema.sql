@@ -4337,6 +4337,20 @@ CREATE INDEX audit_log_skipped_slots_idx ON dispatch.audit_log USING btree (id) 
 
 
 --
+-- Name: breakers_counting_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX breakers_counting_idx ON dispatch.breakers USING btree (project_id, function_name) WHERE ((state = 'open'::text) OR (failures > 0));
+
+
+--
+-- Name: breakers_open_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX breakers_open_idx ON dispatch.breakers USING btree (project_id, function_name) WHERE (state = 'open'::text);
+
+
+--
 -- Name: runs_created_at_brin_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 

@@ -43,6 +43,11 @@ CREATE TABLE dispatch.breakers (
 );
 COMMENT ON TABLE dispatch.breakers IS
     'The circuit breaker of each function that failed retryably (one row per project_id, function_name; written only by the system and dispatch.reset_breaker). While open, its runs wait (pending with not_before, attempts kept) and one probe run at a time is invoked.';
+-- A row stays once a function has failed: the claims and completions that ask whether any
+-- breaker is open, or counting, read only those.
+CREATE INDEX breakers_open_idx ON dispatch.breakers (project_id, function_name) WHERE state = 'open';
+CREATE INDEX breakers_counting_idx ON dispatch.breakers (project_id, function_name)
+    WHERE state = 'open' OR failures > 0;
 COMMENT ON COLUMN dispatch.breakers.state IS
     'closed: runs go as usual (set by a successful answer, dispatch.reset_breaker); open: runs wait, one probe at a time (set by complete_runs at breaker_threshold failures).';
 COMMENT ON COLUMN dispatch.breakers.failures IS
