@@ -343,6 +343,7 @@ CREATE FUNCTION dispatch._breaker_outcomes(run_ids bigint[], all_ids bigint[], s
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_indexscan TO 'off'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     st dispatch.settings;
@@ -412,8 +413,14 @@ BEGIN
                        'window', st.breaker_window, 'error', counted.last_error,
                        'nextProbeAt', now() + st.breaker_probe_spacing));
         END IF;
-        -- an open breaker whose probe failed: the next probe goes at next_probe_at, taken from
-        -- the runs waiting (the oldest is made claimable then)
+        -- an open breaker whose probe failed: the next probe goes a spacing after this failure
+        -- at the earliest (so a probe reaches the function a spacing after the previous one's
+        -- answer, however long that took), taken from the runs waiting (the oldest is made
+        -- claimable then)
+        UPDATE dispatch.breakers b
+        SET next_probe_at = greatest(b.next_probe_at, now() + dispatch._probe_spacing(b.probes)), updated_at = now()
+        WHERE b.project_id = f.project_id AND b.function_name = f.function_name AND b.state = 'open'
+          AND b.probe_run_id = ANY (f.ids);
         UPDATE dispatch.runs r
         SET not_before = b.next_probe_at
         FROM dispatch.breakers b
@@ -428,6 +435,9 @@ BEGIN
                       LIMIT 1
                       FOR UPDATE OF w SKIP LOCKED)
           AND r.not_before > b.next_probe_at;
+        IF FOUND THEN
+            PERFORM pg_notify('dispatch', 'schedules');  -- listeners' clocks wake for the next probe
+        END IF;
     END LOOP;
 END
 $$;
@@ -1353,6 +1363,7 @@ CREATE FUNCTION dispatch._hold_for_breakers(run_ids bigint[]) RETURNS bigint[]
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_indexscan TO 'off'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     c_ids bigint[];
@@ -1425,8 +1436,10 @@ BEGIN
     SELECT array_agg(h.id) INTO held_ids FROM held h;
 
     IF held_ids IS NOT NULL THEN
-        -- fewer runs than asked for although more may be pending: have the claimers come back
+        -- fewer runs than asked for although more may be pending: have the claimers come back;
+        -- and the listeners' clocks wake for the new not_before (the next probe)
         PERFORM pg_notify('dispatch', 'held');
+        PERFORM pg_notify('dispatch', 'schedules');
     END IF;
     RETURN ARRAY(SELECT x FROM unnest(run_ids) x WHERE x <> ALL (coalesce(held_ids, '{}')));
 END

@@ -9,7 +9,8 @@
 -- up, except one probe run at a time, once next_probe_at has come. The probe is chosen under
 -- the breaker's row lock (SKIP LOCKED) and is in flight while that run is running, so however
 -- many listeners claim, one probe at a time reaches the function. The spacing between probes
--- doubles from breaker_probe_spacing up to breaker_probe_spacing_max (dispatch.settings).
+-- (from a probe's claim, and from its failure, to the next one's claim) doubles from
+-- breaker_probe_spacing up to breaker_probe_spacing_max (dispatch.settings).
 --
 -- Outcomes reach the breaker through dispatch._breaker_outcomes, called by complete_runs.
 -- Opening and closing are audited (breaker.open, breaker.close); a closing releases the
@@ -69,6 +70,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_indexscan = off
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     c_ids bigint[];
@@ -141,15 +143,19 @@ BEGIN
     SELECT array_agg(h.id) INTO held_ids FROM held h;
 
     IF held_ids IS NOT NULL THEN
-        -- fewer runs than asked for although more may be pending: have the claimers come back
+        -- fewer runs than asked for although more may be pending: have the claimers come back;
+        -- and the listeners' clocks wake for the new not_before (the next probe)
         PERFORM pg_notify('dispatch', 'held');
+        PERFORM pg_notify('dispatch', 'schedules');
     END IF;
     RETURN ARRAY(SELECT x FROM unnest(run_ids) x WHERE x <> ALL (coalesce(held_ids, '{}')));
 END
 $$;
 
 -- The runs of both are found by id (a bitmap scan of the primary key) whatever the statistics
--- say, like dispatch._start_runs and dispatch._take_running and for the same reason.
+-- say, like dispatch._start_runs and dispatch._take_running and for the same reason. Without
+-- JIT: the one-row settings table has nothing but a scan, which enable_seqscan = off prices at
+-- 10^10, and a plan that dear was JIT-compiled at each call (250 ms a claim).
 
 -- complete_runs' outcomes, for the breakers of their functions: runs_ids holds the runs taken
 -- (still running with the caller's attempt), the other arrays are complete_runs' own, parallel
@@ -164,6 +170,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_indexscan = off
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     st dispatch.settings;
@@ -233,8 +240,14 @@ BEGIN
                        'window', st.breaker_window, 'error', counted.last_error,
                        'nextProbeAt', now() + st.breaker_probe_spacing));
         END IF;
-        -- an open breaker whose probe failed: the next probe goes at next_probe_at, taken from
-        -- the runs waiting (the oldest is made claimable then)
+        -- an open breaker whose probe failed: the next probe goes a spacing after this failure
+        -- at the earliest (so a probe reaches the function a spacing after the previous one's
+        -- answer, however long that took), taken from the runs waiting (the oldest is made
+        -- claimable then)
+        UPDATE dispatch.breakers b
+        SET next_probe_at = greatest(b.next_probe_at, now() + dispatch._probe_spacing(b.probes)), updated_at = now()
+        WHERE b.project_id = f.project_id AND b.function_name = f.function_name AND b.state = 'open'
+          AND b.probe_run_id = ANY (f.ids);
         UPDATE dispatch.runs r
         SET not_before = b.next_probe_at
         FROM dispatch.breakers b
@@ -249,6 +262,9 @@ BEGIN
                       LIMIT 1
                       FOR UPDATE OF w SKIP LOCKED)
           AND r.not_before > b.next_probe_at;
+        IF FOUND THEN
+            PERFORM pg_notify('dispatch', 'schedules');  -- listeners' clocks wake for the next probe
+        END IF;
     END LOOP;
 END
 $$;
