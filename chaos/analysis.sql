@@ -108,7 +108,7 @@ WHERE o.action = 'breaker.open';
 
 CREATE TEMP TABLE open_request AS
 -- The requests that reached a function while its breaker was open (but the first 0.2 s, when
--- what was claimed before it opened may still arrive): its probes. Each is out until it was
+-- what was claimed before the opening committed may still arrive): its probes. Each is out until it was
 -- answered, or the listener's timeout (2 s) gave up on it.
 SELECT q.key, q.arrived, least(coalesce(q.answered, q.arrived + 2), q.arrived + 2) AS done, o.project_id,
        o.function_name, o.opened

@@ -176,6 +176,7 @@ DECLARE
     st dispatch.settings;
     f record;
     counted dispatch.breakers;
+    opened timestamptz;
 BEGIN
     IF run_ids IS NULL THEN
         RETURN;
@@ -229,16 +230,19 @@ BEGIN
         WHERE b.project_id = f.project_id AND b.function_name = f.function_name
         RETURNING b.* INTO counted;
         IF counted.state = 'closed' AND counted.failures >= st.breaker_threshold THEN
+            -- when it opened: the statement's clock, the closest to the commit that makes it so (the
+            -- transaction may have waited for the breaker's row since it began)
+            opened := clock_timestamp();
             UPDATE dispatch.breakers b
-            SET state = 'open', opened_at = now(), probes = 0, probe_run_id = NULL,
-                next_probe_at = now() + st.breaker_probe_spacing
+            SET state = 'open', opened_at = opened, probes = 0, probe_run_id = NULL,
+                next_probe_at = opened + st.breaker_probe_spacing
             WHERE b.project_id = f.project_id AND b.function_name = f.function_name;
-            INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
-            VALUES (NULL, f.project_id, 'breaker.open', jsonb_build_object(
+            INSERT INTO dispatch.audit_log (at, actor_id, project_id, action, metadata)
+            VALUES (opened, NULL, f.project_id, 'breaker.open', jsonb_build_object(
                        'functionName', f.function_name, 'failures', counted.failures,
                        'failingSince', counted.failing_since, 'threshold', st.breaker_threshold,
                        'window', st.breaker_window, 'error', counted.last_error,
-                       'nextProbeAt', now() + st.breaker_probe_spacing));
+                       'nextProbeAt', opened + st.breaker_probe_spacing));
         END IF;
         -- an open breaker whose probe failed: the next probe goes a spacing after this failure
         -- at the earliest (so a probe reaches the function a spacing after the previous one's
