@@ -77,16 +77,14 @@ def audit(db: psycopg.Connection, action: str) -> list[tuple[str | None, dict[st
         "SELECT actor_id, metadata FROM dispatch.audit_log WHERE action = %s ORDER BY id", (action,))]
 
 
-def test_the_documented_defaults(db: psycopg.Connection) -> None:
+def test_opens_at_the_threshold_and_its_runs_wait_without_using_attempts(db: psycopg.Connection) -> None:
+    # the documented defaults
     settings = db.execute("SELECT breaker_threshold, breaker_window, breaker_probe_spacing,"
                           " breaker_probe_spacing_max FROM dispatch.settings").fetchone()
     assert settings == (5, timedelta(minutes=5), timedelta(seconds=1), timedelta(seconds=10))
     # spacing doubles from 1 s, capped at 10 s
     assert [scalar(db, "SELECT extract(epoch FROM dispatch._probe_spacing(%s))::float8", (n,))
             for n in range(6)] == [1, 2, 4, 8, 10, 10]
-
-
-def test_opens_at_the_threshold_and_its_runs_wait_without_using_attempts(db: psycopg.Connection) -> None:
     sids = [add(db) for _ in range(5)]
     healthy = add(db, "healthy")
     make_due(db)
@@ -297,21 +295,20 @@ def test_an_operator_sees_and_resets_it(db: psycopg.Connection) -> None:
     assert db.execute("SELECT * FROM dispatch.breaker_states()").fetchall() == []
 
 
-def test_threshold_zero_turns_breakers_off(db: psycopg.Connection) -> None:
-    db.execute("UPDATE dispatch.settings SET breaker_threshold = 0")
-    [add(db) for _ in range(8)]
-    make_due(db)
-    db.execute("SELECT dispatch.tick()")
-    fail(db, claim(db, "w", 100))
-    assert scalar(db, "SELECT count(*) FROM dispatch.breakers") == 0
-    probe_due(db)
-    assert len(claim(db, "w", 100)) == 8
-
-
-def test_final_errors_in_a_batch_count_nothing(db: psycopg.Connection) -> None:
+def test_final_errors_count_nothing_and_threshold_zero_turns_breakers_off(db: psycopg.Connection) -> None:
     [add(db) for _ in range(8)]
     make_due(db)
     db.execute("SELECT dispatch.tick()")
     runs = claim(db, "w", 100)
     assert all(r[1] for r in complete_many(db, "w", [(r[0], r[7], "error", "boom") for r in runs]))
     assert scalar(db, "SELECT count(*) FROM dispatch.breakers") == 0
+    # breakers off: retryable failures open nothing
+    db.execute("UPDATE dispatch.settings SET breaker_threshold = 0")
+    [add(db, "other") for _ in range(8)]
+    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now())"
+               " WHERE function_name = 'other'")
+    db.execute("SELECT dispatch.tick()")
+    fail(db, claim(db, "w", 100))
+    assert scalar(db, "SELECT count(*) FROM dispatch.breakers") == 0
+    probe_due(db)
+    assert len(claim(db, "w", 100)) == 8

@@ -6,7 +6,7 @@ before; when it is back, the runs that waited go within the longest spacing; eac
 run under one request id, invoked by its probes and its one attempt before the breaker opened,
 nothing lost; the healthy function stays on time throughout; pgdispatch_breaker_open says so.
 
-The default suite runs it with the spacing scaled down (0.2 s doubling to 1 s, down for 3 s).
+The default suite runs it with the spacing scaled down (0.2 s doubling to 1 s, down for 2.5 s).
 PGDISPATCH_BREAKER_MINUTE=1 runs it with the documented defaults (1 s doubling to 10 s) and the
 function down for a minute, and prints the figures docs/policies.md quotes (about 75 s)."""
 
@@ -25,7 +25,7 @@ from .kit import YEARLY, Call, Running, Sink, scalar, until
 
 StartListener = Callable[..., Awaitable[Running]]
 MINUTE = os.environ.get("PGDISPATCH_BREAKER_MINUTE") == "1"
-SPACING_S, SPACING_MAX_S, DOWN_FOR_S = (1.0, 10.0, 60.0) if MINUTE else (0.2, 1.0, 3.0)
+SPACING_S, SPACING_MAX_S, DOWN_FOR_S = (1.0, 10.0, 60.0) if MINUTE else (0.2, 1.0, 2.5)
 SCHEDULES = 10
 # A probe's claim after its instant: the listener's clock wakes on the waiting run's not_before,
 # ticks, claims.
