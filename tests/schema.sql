@@ -408,21 +408,22 @@ BEGIN
             opened := clock_timestamp();
             UPDATE dispatch.breakers b
             SET state = 'open', opened_at = opened, probes = 0, probe_run_id = NULL,
-                next_probe_at = opened + st.breaker_probe_spacing
+                next_probe_at = opened + dispatch._probe_delay(0)
             WHERE b.project_id = f.project_id AND b.function_name = f.function_name;
             INSERT INTO dispatch.audit_log (at, actor_id, project_id, action, metadata)
             VALUES (opened, NULL, f.project_id, 'breaker.open', jsonb_build_object(
                        'functionName', f.function_name, 'failures', counted.failures,
                        'failingSince', counted.failing_since, 'threshold', st.breaker_threshold,
                        'window', st.breaker_window, 'error', counted.last_error,
-                       'nextProbeAt', opened + st.breaker_probe_spacing));
+                       'nextProbeAt', (SELECT b.next_probe_at FROM dispatch.breakers b
+                                       WHERE b.project_id = f.project_id AND b.function_name = f.function_name)));
         END IF;
         -- an open breaker whose probe failed: the next probe goes a spacing after this failure
         -- at the earliest (so a probe reaches the function a spacing after the previous one's
         -- answer, however long that took), taken from the runs waiting (the oldest is made
         -- claimable then)
         UPDATE dispatch.breakers b
-        SET next_probe_at = greatest(b.next_probe_at, now() + dispatch._probe_spacing(b.probes)), updated_at = now()
+        SET next_probe_at = greatest(b.next_probe_at, now() + dispatch._probe_delay(b.probes)), updated_at = now()
         WHERE b.project_id = f.project_id AND b.function_name = f.function_name AND b.state = 'open'
           AND b.probe_run_id = ANY (f.ids);
         UPDATE dispatch.runs r
@@ -1408,7 +1409,7 @@ BEGIN
     ), probing AS (
         UPDATE dispatch.breakers b
         SET probe_run_id = p.id, probes = b.probes + 1,
-            next_probe_at = now() + dispatch._probe_spacing(b.probes + 1), updated_at = now()
+            next_probe_at = now() + dispatch._probe_delay(b.probes + 1), updated_at = now()
         FROM free f
         CROSS JOIN LATERAL (SELECT c.id FROM cand c
                             WHERE c.project_id = f.project_id AND c.function_name = f.function_name
@@ -1697,6 +1698,18 @@ BEGIN
     END IF;
     RETURN s;
 END
+$$;
+
+
+--
+-- Name: _probe_delay(integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._probe_delay(probes integer) RETURNS interval
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT dispatch._probe_spacing(probes) * (1 - 0.25 * random())
 $$;
 
 
@@ -4855,6 +4868,13 @@ REVOKE ALL ON FUNCTION dispatch._next_slot(spec dispatch.cron_spec, after timest
 --
 
 REVOKE ALL ON FUNCTION dispatch._operable_schedule(schedule_id uuid, verb text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _probe_delay(probes integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._probe_delay(probes integer) FROM PUBLIC;
 
 
 --

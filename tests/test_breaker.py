@@ -101,8 +101,9 @@ def test_opens_at_the_threshold_and_its_runs_wait_without_using_attempts(db: psy
     assert actor is None and meta["functionName"] == DOWN and meta["failures"] == 5 and meta["threshold"] == 5
     assert "503" in meta["error"]
     # the first probe goes a spacing after it opened
-    assert scalar(db, "SELECT next_probe_at - opened_at FROM dispatch.breakers WHERE function_name = %s",
-                  (DOWN,)) == timedelta(seconds=1)
+    first = scalar(db, "SELECT next_probe_at - opened_at FROM dispatch.breakers WHERE function_name = %s",
+                   (DOWN,))
+    assert timedelta(seconds=0.75) <= first <= timedelta(seconds=1)  # less up to a quarter, at random
 
     # their retries come due before the probe: they wait, their attempts kept, not failed
     db.execute("UPDATE dispatch.runs SET not_before = now() - interval '1 millisecond'"
@@ -129,7 +130,7 @@ def test_one_probe_at_a_time_spaced_doubling_then_an_answer_closes_it(db: psycop
     assert probe[7] == 2
     b = breaker(db)
     assert b["probes"] == 1 and b["probe_run_id"] == probe[0]
-    assert spacing_of_last_probe(db) == timedelta(seconds=2)
+    assert timedelta(seconds=1.5) <= spacing_of_last_probe(db) <= timedelta(seconds=2)
     assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE held_by_breaker AND status = 'pending'") == 4
     # however late, nothing else goes while the probe is out
     probe_due(db)
@@ -143,7 +144,7 @@ def test_one_probe_at_a_time_spaced_doubling_then_an_answer_closes_it(db: psycop
                       " AND not_before = %s", (b["next_probe_at"],)) == 1
     probe_due(db)
     [second] = claim(db, "w", 100)
-    assert spacing_of_last_probe(db) == timedelta(seconds=4)
+    assert timedelta(seconds=3) <= spacing_of_last_probe(db) <= timedelta(seconds=4)
 
     # it answers: closed, audited, and every waiting run goes at once, its attempts kept
     assert complete(db, second)[0]

@@ -10,7 +10,8 @@
 -- the breaker's row lock (SKIP LOCKED) and is in flight while that run is running, so however
 -- many listeners claim, one probe at a time reaches the function. The spacing between probes
 -- (from a probe's claim, and from its failure, to the next one's claim) doubles from
--- breaker_probe_spacing up to breaker_probe_spacing_max (dispatch.settings).
+-- breaker_probe_spacing up to breaker_probe_spacing_max (dispatch.settings), less up to a quarter
+-- at random.
 --
 -- Outcomes reach the breaker through dispatch._breaker_outcomes, called by complete_runs.
 -- Opening and closing are audited (breaker.open, breaker.close); a closing releases the
@@ -28,6 +29,18 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT least(st.breaker_probe_spacing * power(2, least(greatest(probes, 0), 30)), st.breaker_probe_spacing_max)
     FROM dispatch.settings st
+$$;
+
+-- The wait before probe number n + 1: its spacing less up to a quarter, at random. Without the
+-- jitter, probes 10 s apart against a function that is down 5 s of every 10 (one that restarts
+-- on a timer) all landed in its down half, and the breaker never closed (the chaos suite's
+-- flapping function).
+CREATE OR REPLACE FUNCTION dispatch._probe_delay(probes integer)
+RETURNS interval
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT dispatch._probe_spacing(probes) * (1 - 0.25 * random())
 $$;
 
 -- The runs waiting behind an open breaker of a function go now (the breaker closed).
@@ -111,7 +124,7 @@ BEGIN
     ), probing AS (
         UPDATE dispatch.breakers b
         SET probe_run_id = p.id, probes = b.probes + 1,
-            next_probe_at = now() + dispatch._probe_spacing(b.probes + 1), updated_at = now()
+            next_probe_at = now() + dispatch._probe_delay(b.probes + 1), updated_at = now()
         FROM free f
         CROSS JOIN LATERAL (SELECT c.id FROM cand c
                             WHERE c.project_id = f.project_id AND c.function_name = f.function_name
@@ -235,21 +248,22 @@ BEGIN
             opened := clock_timestamp();
             UPDATE dispatch.breakers b
             SET state = 'open', opened_at = opened, probes = 0, probe_run_id = NULL,
-                next_probe_at = opened + st.breaker_probe_spacing
+                next_probe_at = opened + dispatch._probe_delay(0)
             WHERE b.project_id = f.project_id AND b.function_name = f.function_name;
             INSERT INTO dispatch.audit_log (at, actor_id, project_id, action, metadata)
             VALUES (opened, NULL, f.project_id, 'breaker.open', jsonb_build_object(
                        'functionName', f.function_name, 'failures', counted.failures,
                        'failingSince', counted.failing_since, 'threshold', st.breaker_threshold,
                        'window', st.breaker_window, 'error', counted.last_error,
-                       'nextProbeAt', opened + st.breaker_probe_spacing));
+                       'nextProbeAt', (SELECT b.next_probe_at FROM dispatch.breakers b
+                                       WHERE b.project_id = f.project_id AND b.function_name = f.function_name)));
         END IF;
         -- an open breaker whose probe failed: the next probe goes a spacing after this failure
         -- at the earliest (so a probe reaches the function a spacing after the previous one's
         -- answer, however long that took), taken from the runs waiting (the oldest is made
         -- claimable then)
         UPDATE dispatch.breakers b
-        SET next_probe_at = greatest(b.next_probe_at, now() + dispatch._probe_spacing(b.probes)), updated_at = now()
+        SET next_probe_at = greatest(b.next_probe_at, now() + dispatch._probe_delay(b.probes)), updated_at = now()
         WHERE b.project_id = f.project_id AND b.function_name = f.function_name AND b.state = 'open'
           AND b.probe_run_id = ANY (f.ids);
         UPDATE dispatch.runs r
