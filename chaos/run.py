@@ -355,7 +355,7 @@ class Harness:
         p = self.profile
         with psycopg.connect(self.cluster.url(), autocommit=True) as conn:
             # A mix of run policies: a quarter call "flaky" (20 % of its requests fail), three in
-            # twenty "flapping" (down 5 s, up 5 s: its breakers open and close), a quarter
+            # twenty "flapping" (down 3 s of every 12: its breakers open and close), a quarter
             # overlap allow, a quarter buffer_one. Every failure the sink makes is retryable, with
             # back-offs of a fraction of a simulated minute. Every slot must run: catchup all,
             # within a day (the slots are a day ahead of the real clock).

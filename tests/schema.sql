@@ -4240,7 +4240,7 @@ COMMENT ON COLUMN dispatch.settings.breaker_window IS 'The failures that open a 
 -- Name: COLUMN settings.breaker_probe_spacing; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON COLUMN dispatch.settings.breaker_probe_spacing IS 'The least time between two probes of an open breaker: the first goes this long after it opened; doubled after each probe, up to breaker_probe_spacing_max.';
+COMMENT ON COLUMN dispatch.settings.breaker_probe_spacing IS 'The time between two probes of an open breaker: the first goes this long after it opened; doubled after each probe, up to breaker_probe_spacing_max; each wait less up to a quarter, at random.';
 
 
 --

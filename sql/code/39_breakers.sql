@@ -34,7 +34,7 @@ $$;
 -- The wait before probe number n + 1: its spacing less up to a quarter, at random. Without the
 -- jitter, probes 10 s apart against a function that is down 5 s of every 10 (one that restarts
 -- on a timer) all landed in its down half, and the breaker never closed (the chaos suite's
--- flapping function).
+-- flapping function, in its first version).
 CREATE OR REPLACE FUNCTION dispatch._probe_delay(probes integer)
 RETURNS interval
 LANGUAGE sql VOLATILE

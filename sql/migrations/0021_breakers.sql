@@ -20,7 +20,7 @@ COMMENT ON COLUMN dispatch.settings.breaker_threshold IS
 COMMENT ON COLUMN dispatch.settings.breaker_window IS
     'The failures that open a breaker all fall within this long of the first of them; a streak older than this starts again.';
 COMMENT ON COLUMN dispatch.settings.breaker_probe_spacing IS
-    'The least time between two probes of an open breaker: the first goes this long after it opened; doubled after each probe, up to breaker_probe_spacing_max.';
+    'The time between two probes of an open breaker: the first goes this long after it opened; doubled after each probe, up to breaker_probe_spacing_max; each wait less up to a quarter, at random.';
 COMMENT ON COLUMN dispatch.settings.breaker_probe_spacing_max IS
     'The most time between two probes of an open breaker, and so how long its waiting runs wait at most after the function answers again.';
 
