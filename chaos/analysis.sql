@@ -95,6 +95,28 @@ WHERE NOT EXISTS (SELECT 1 FROM retried_request rr WHERE rr.key = e.key)
       AND coalesce(f.until, f.at) >= e.arrived - p.lease_s - 1
 );
 
+CREATE TEMP TABLE open_period AS
+-- Each time a function's circuit breaker was open: from its breaker.open to the next
+-- breaker.close (Unix seconds, like the sink's times).
+SELECT o.project_id, o.metadata ->> 'functionName' AS function_name, extract(epoch FROM o.at)::float8 AS opened,
+       coalesce((SELECT extract(epoch FROM min(c.at))::float8 FROM dispatch.audit_log c
+                 WHERE c.action = 'breaker.close' AND c.project_id = o.project_id
+                   AND c.metadata ->> 'functionName' = o.metadata ->> 'functionName' AND c.id > o.id),
+                'infinity') AS closed
+FROM dispatch.audit_log o
+WHERE o.action = 'breaker.open';
+
+CREATE TEMP TABLE open_request AS
+-- The requests that reached a function while its breaker was open (but the first 0.2 s, when
+-- what was claimed before the opening committed may still arrive): its probes. Each is out until it was
+-- answered, or the listener's timeout (2 s) gave up on it.
+SELECT q.key, q.arrived, least(coalesce(q.answered, q.arrived + 2), q.arrived + 2) AS done, o.project_id,
+       o.function_name, o.opened
+FROM chaos.requests q
+JOIN dispatch.schedules s ON s.id = q.schedule_id
+JOIN open_period o ON o.project_id = s.project_id AND o.function_name = s.function_name
+                  AND q.arrived > o.opened + 0.2 AND q.arrived < o.closed;
+
 SELECT 'schedules' AS figure, count(*)::text AS value FROM dispatch.schedules
 UNION ALL
 SELECT 'slots expected', (SELECT count(*) FROM dispatch.schedules) * (p.minutes + 1) || '' FROM chaos.params p
@@ -176,5 +198,19 @@ CROSS JOIN chaos.params p
 LEFT JOIN (SELECT DISTINCT schedule_id FROM dispatch.runs WHERE status IN ('pending', 'running')) o
        ON o.schedule_id = s.id
 WHERE s.next_run_at IS DISTINCT FROM p.last_slot + interval '1 minute' OR o.schedule_id IS NOT NULL
+UNION ALL
+SELECT 'breakers opened / closed', count(*) FILTER (WHERE action = 'breaker.open') || ' / '
+       || count(*) FILTER (WHERE action = 'breaker.close')
+FROM dispatch.audit_log WHERE action IN ('breaker.open', 'breaker.close')
+UNION ALL
+SELECT 'breakers left open', count(*)::text FROM dispatch.breakers WHERE state = 'open'
+UNION ALL
+SELECT 'requests to a function while its breaker was open (probes)', count(*)::text FROM open_request
+UNION ALL
+SELECT 'probes sent while another probe of the same breaker was out', count(*)::text
+FROM open_request a
+WHERE EXISTS (SELECT 1 FROM open_request b
+              WHERE b.project_id = a.project_id AND b.function_name = a.function_name AND b.opened = a.opened
+                AND b.key <> a.key AND b.arrived <= a.arrived AND b.done > a.arrived)
 UNION ALL
 SELECT 'claims', count(*)::text FROM chaos.claims;

@@ -375,7 +375,8 @@ class Harness:
             self.cluster.register_pg_cron(DBNAME)
         p = self.profile
         with psycopg.connect(self.cluster.url(), autocommit=True) as conn:
-            # A mix of run policies: a quarter call "flaky" (20 % of its requests fail), a quarter
+            # A mix of run policies: a quarter call "flaky" (20 % of its requests fail), three in
+            # twenty "flapping" (down 3 s of every 12: its breakers open and close), a quarter
             # overlap allow, a quarter buffer_one. Every failure the sink makes is retryable, with
             # back-offs of a fraction of a simulated minute. Every slot must run: catchup all,
             # within a day (the slots are a day ahead of the real clock).
@@ -383,7 +384,10 @@ class Harness:
                 "INSERT INTO dispatch.schedules"
                 " (project_id, function_name, cron_expression, args, max_attempts, catchup, misfire_grace,"
                 "  overlap, retry_backoff, retry_backoff_max)"
-                " SELECT 'p' || (i %% 10), CASE WHEN i %% 4 = 1 THEN 'flaky' ELSE 'f' END, '* * * * *',"
+                " SELECT 'p' || (i %% 10),"
+                "        CASE WHEN i %% 4 = 1 THEN 'flaky' WHEN i %% 20 IN (3, 4, 6) THEN 'flapping'"
+                "             ELSE 'f' END,"
+                "        '* * * * *',"
                 "        jsonb_build_object('i', i), 10, 'all', '1 day',"
                 "        (ARRAY['skip', 'skip', 'allow', 'buffer_one'])[i %% 4 + 1],"
                 "        '200 milliseconds', '2 seconds'"

@@ -20,7 +20,9 @@ nothing that arrived), and a second line once the answer has been sent in full:
 Which decision a request gets is drawn at random with the probabilities set on the control port:
 ``POST /mode`` with a JSON object ``{"fail": p, "hang": p, "reset": p, "slow": p}`` (the rest is
 ``ok``); requests to the function ``flaky`` fail besides with the probability ``--flaky`` (0.2),
-so that schedules with retries meet failures all the time. ``GET /inflight`` returns
+so that schedules with retries meet failures all the time; the function ``flapping`` is down
+(every request ``fail``) for ``--flap-down`` seconds (3), then up for ``--flap-up`` seconds (9),
+and so on, by the wall clock (its circuit breakers open and close). ``GET /inflight`` returns
 ``{worker: requests being answered}``. "Down for a while" is
 done by the harness killing this process and starting it again on the same port.
 """
@@ -47,12 +49,13 @@ DECISIONS = ("fail", "hang", "reset", "slow")
 
 
 class Sink:
-    def __init__(self, record_path: str, hang_s: float, flaky: float) -> None:
+    def __init__(self, record_path: str, hang_s: float, flaky: float, flap: tuple[float, float]) -> None:
         self._fd = os.open(record_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._keys = itertools.count()
         self._prefix = f"{os.getpid()}-"
         self._hang_s = hang_s
         self._flaky = flaky
+        self._flap_down_s, self._flap_up_s = flap
         self.mode: dict[str, float] = dict.fromkeys(DECISIONS, 0.0)
         self.inflight: dict[str, int] = {}
 
@@ -61,6 +64,9 @@ class Sink:
 
     def _decide(self, function_name: str) -> str:
         if function_name == "flaky" and random.random() < self._flaky:
+            return "fail"
+        flap = self._flap_down_s + self._flap_up_s
+        if function_name == "flapping" and time.time() % flap < self._flap_down_s:
             return "fail"
         draw = random.random()
         for decision in DECISIONS:
@@ -121,8 +127,9 @@ class Sink:
         return web.json_response({worker: n for worker, n in self.inflight.items() if n})
 
 
-async def serve(port: int, control_port: int, record: str, hang_s: float, flaky: float) -> None:
-    sink = Sink(record, hang_s, flaky)
+async def serve(port: int, control_port: int, record: str, hang_s: float, flaky: float,
+                flap: tuple[float, float]) -> None:
+    sink = Sink(record, hang_s, flaky, flap)
     app = web.Application(client_max_size=16 * 1024 * 1024)
     app.router.add_post("/w/{worker}/projects/{project_id}/functions/{function_name}", sink.handle)
     control = web.Application()
@@ -149,9 +156,12 @@ def main() -> None:
     parser.add_argument("--record", required=True)
     parser.add_argument("--hang", type=float, default=5.0)
     parser.add_argument("--flaky", type=float, default=0.2)
+    parser.add_argument("--flap-down", type=float, default=3.0)
+    parser.add_argument("--flap-up", type=float, default=9.0)
     args = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.port, args.control_port, args.record, args.hang, args.flaky))
+        asyncio.run(serve(args.port, args.control_port, args.record, args.hang, args.flaky,
+                          (args.flap_down, args.flap_up)))
 
 
 if __name__ == "__main__":

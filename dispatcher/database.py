@@ -60,7 +60,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # The schema this listener is written for: dispatch.migrations must reach this version.
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 21
 # Liveness defaults for every connection (libpq parameters; a URL that sets one wins): an idle
 # connection whose peer vanished is probed after 5 s and given up after 3 more probes 2 s apart,
 # data unacknowledged for 10 s fails the connection, and a connect attempt gives up after 5 s.
@@ -548,6 +548,12 @@ class Database:
         rows = await self._fetch("SELECT reason, slots, last_id FROM dispatch.skipped_slots_after(%s)",
                                  (after_id,))
         return {row["reason"]: int(row["slots"]) for row in rows}, int(rows[0]["last_id"])
+
+    async def open_breakers(self) -> set[tuple[str, str]]:
+        """The functions (project_id, function_name) whose circuit breaker is open."""
+        rows = await self._fetch("SELECT project_id, function_name FROM dispatch.breaker_states()"
+                                 " WHERE state = 'open'")
+        return {(row["project_id"], row["function_name"]) for row in rows}
 
     async def lost_runs_after(self, after_id: int | None) -> tuple[int, int]:
         """Runs that ended lost after audit row `after_id` (None: 0, and where to start), and the id

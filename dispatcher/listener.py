@@ -188,6 +188,7 @@ class Listener:
         try:
             lost, lost_id = await self._db.lost_runs_after(self._lost_seen)
             skipped, skipped_id = await self._db.skipped_slots_after(self._skipped_seen)
+            open_breakers = await self._db.open_breakers()
         except DatabaseUnavailable:
             return  # the next sweep looks again; the outage is reported elsewhere
         finally:
@@ -199,6 +200,7 @@ class Listener:
                 if slots:
                     self.metrics.slots_skipped.labels(reason).inc(slots)
         self._lost_seen, self._skipped_seen = lost_id, skipped_id
+        self.metrics.breakers(open_breakers)
 
     def _recorded(self, count: int) -> None:
         self._budget.recorded(count)

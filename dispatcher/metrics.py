@@ -59,6 +59,13 @@ class Metrics:
             " by reason (overlap, catch-up, misfire, pause, disabled), counted by this listener since it"
             " started: every listener counts them all, so aggregate with max.",
             ["reason"], registry=registry)
+        self.breaker_open = Gauge(
+            "pgdispatch_breaker_open",
+            "1 while the circuit breaker of a function is open (its runs wait, one probe at a time goes), 0"
+            " once it closed, read from dispatch.breaker_states() at each sweep: every listener reports"
+            " them all, so aggregate with max.",
+            ["project", "function"], registry=registry)
+        self._breakers_seen: set[tuple[str, str]] = set()
         self.reconnects = Counter(
             "pgdispatch_database_reconnects", "Times the LISTEN session came back after losing the database.",
             registry=registry)
@@ -91,6 +98,13 @@ class Metrics:
 
     def claimed(self, count: int) -> None:
         self.claim_batch.observe(count)
+
+    def breakers(self, open_now: set[tuple[str, str]]) -> None:
+        """The functions whose breaker is open now (project, function): 1 for them, 0 for those seen
+        open before."""
+        for key in self._breakers_seen | open_now:
+            self.breaker_open.labels(*key).set(1 if key in open_now else 0)
+        self._breakers_seen |= open_now
 
     def reconnected(self) -> None:
         self.reconnects.inc()

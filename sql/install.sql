@@ -71,12 +71,16 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \set version 19
 \set name 0019_recorded_gaps
 \ir apply_migration.psql
+\set version 21
+\set name 0021_breakers
+\ir apply_migration.psql
 \ir code/10_cron_engine.sql
 \ir code/15_schema_version.sql
 \ir code/20_timezones.sql
 \ir code/30_schedules.sql
 \ir code/35_runs.sql
 \ir code/37_gaps.sql
+\ir code/39_breakers.sql
 \ir code/40_finish.sql
 \ir code/41_tick.sql
 \ir code/42_claim.sql

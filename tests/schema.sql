@@ -85,6 +85,7 @@ CREATE TABLE dispatch.runs (
     kind text DEFAULT 'scheduled'::text NOT NULL,
     fire_at timestamp with time zone,
     released integer DEFAULT 0 NOT NULL,
+    held_by_breaker boolean DEFAULT false NOT NULL,
     CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT runs_error_length_check CHECK ((length(error) <= 500)),
     CONSTRAINT runs_finished_at_check CHECK (((status = ANY (ARRAY['pending'::text, 'running'::text])) = (finished_at IS NULL))),
@@ -187,6 +188,13 @@ COMMENT ON COLUMN dispatch.runs.fire_at IS 'When the run is invoked: scheduled_f
 --
 
 COMMENT ON COLUMN dispatch.runs.released IS 'Claims of this run that dispatch.release_runs handed back before invoking it. attempt counts every claim (the fencing token only grows); attempt - released is the number of invocations that went out.';
+
+
+--
+-- Name: COLUMN runs.held_by_breaker; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.held_by_breaker IS 'Pending because its function''s breaker is open (set by claim_runs, cleared when it is claimed or the breaker closes).';
 
 
 --
@@ -323,6 +331,120 @@ CREATE FUNCTION dispatch._audit_runs(finished dispatch.runs[]) RETURNS void
                    ELSE '[]' END))
     FROM unnest(_audit_runs.finished) f
     JOIN dispatch.schedules s ON s.id = f.schedule_id
+$$;
+
+
+--
+-- Name: _breaker_outcomes(bigint[], bigint[], text[], boolean[], text[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._breaker_outcomes(run_ids bigint[], all_ids bigint[], statuses text[], retryable boolean[], errors text[]) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_indexscan TO 'off'
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    st dispatch.settings;
+    f record;
+    counted dispatch.breakers;
+    opened timestamptz;
+BEGIN
+    IF run_ids IS NULL THEN
+        RETURN;
+    END IF;
+    -- the common case: no failure in the batch and no breaker counting or open
+    IF NOT coalesce(true = ANY (retryable), false)
+       AND NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.failures > 0 OR b.state = 'open') THEN
+        RETURN;
+    END IF;
+    SELECT * INTO st FROM dispatch.settings;
+
+    FOR f IN
+        WITH o AS (
+            SELECT s.project_id, s.function_name, x.id,
+                   i.status = 'error' AND coalesce(i.retryable, false) AS failed, i.error
+            FROM unnest(_breaker_outcomes.all_ids, _breaker_outcomes.statuses, _breaker_outcomes.retryable,
+                        _breaker_outcomes.errors) AS i(id, status, retryable, error)
+            JOIN dispatch.runs x ON x.id = i.id
+            JOIN dispatch.schedules s ON s.id = x.schedule_id
+            WHERE i.id = ANY (_breaker_outcomes.run_ids)
+        )
+        SELECT o.project_id, o.function_name, count(*) FILTER (WHERE o.failed)::integer AS failed,
+               bool_or(NOT o.failed) AS answered, array_agg(o.id) AS ids,
+               (array_agg(o.error ORDER BY o.id DESC) FILTER (WHERE o.failed))[1] AS error
+        FROM o
+        GROUP BY o.project_id, o.function_name
+        -- only functions that failed now, or whose breaker counts or is open
+        HAVING count(*) FILTER (WHERE o.failed) > 0
+            OR EXISTS (SELECT 1 FROM dispatch.breakers b
+                       WHERE b.project_id = o.project_id AND b.function_name = o.function_name
+                         AND (b.state = 'open' OR b.failures > 0))
+        ORDER BY o.project_id, o.function_name
+    LOOP
+        IF f.answered THEN
+            PERFORM dispatch._close_breaker(f.project_id, f.function_name, NULL, 'answered', f.ids);
+            CONTINUE;
+        END IF;
+        IF st.breaker_threshold = 0 THEN
+            CONTINUE;
+        END IF;
+        INSERT INTO dispatch.breakers AS b (project_id, function_name)
+        VALUES (f.project_id, f.function_name)
+        ON CONFLICT DO NOTHING;
+        -- counting; opens at the threshold
+        UPDATE dispatch.breakers b
+        SET failures = CASE WHEN b.failures = 0 OR now() - b.failing_since > st.breaker_window THEN f.failed
+                            ELSE b.failures + f.failed END,
+            failing_since = CASE WHEN b.failures = 0 OR now() - b.failing_since > st.breaker_window THEN now()
+                                 ELSE b.failing_since END,
+            last_error = left(f.error, 500), updated_at = now()
+        WHERE b.project_id = f.project_id AND b.function_name = f.function_name
+        RETURNING b.* INTO counted;
+        IF counted.state = 'closed' AND counted.failures >= st.breaker_threshold THEN
+            -- when it opened: the statement's clock, the closest to the commit that makes it so (the
+            -- transaction may have waited for the breaker's row since it began)
+            opened := clock_timestamp();
+            UPDATE dispatch.breakers b
+            SET state = 'open', opened_at = opened, probes = 0, probe_run_id = NULL,
+                next_probe_at = opened + dispatch._probe_delay(0)
+            WHERE b.project_id = f.project_id AND b.function_name = f.function_name;
+            INSERT INTO dispatch.audit_log (at, actor_id, project_id, action, metadata)
+            VALUES (opened, NULL, f.project_id, 'breaker.open', jsonb_build_object(
+                       'functionName', f.function_name, 'failures', counted.failures,
+                       'failingSince', counted.failing_since, 'threshold', st.breaker_threshold,
+                       'window', st.breaker_window, 'error', counted.last_error,
+                       'nextProbeAt', (SELECT b.next_probe_at FROM dispatch.breakers b
+                                       WHERE b.project_id = f.project_id AND b.function_name = f.function_name)));
+        END IF;
+        -- an open breaker whose probe failed: the next probe goes a spacing after this failure
+        -- at the earliest (so a probe reaches the function a spacing after the previous one's
+        -- answer, however long that took), taken from the runs waiting (the oldest is made
+        -- claimable then)
+        UPDATE dispatch.breakers b
+        SET next_probe_at = greatest(b.next_probe_at, now() + dispatch._probe_delay(b.probes)), updated_at = now()
+        WHERE b.project_id = f.project_id AND b.function_name = f.function_name AND b.state = 'open'
+          AND b.probe_run_id = ANY (f.ids);
+        UPDATE dispatch.runs r
+        SET not_before = b.next_probe_at
+        FROM dispatch.breakers b
+        WHERE b.project_id = f.project_id AND b.function_name = f.function_name AND b.state = 'open'
+          AND b.probe_run_id = ANY (f.ids)
+          AND r.id = (SELECT w.id
+                      FROM dispatch.runs w
+                      JOIN dispatch.schedules s ON s.id = w.schedule_id
+                      WHERE w.held_by_breaker AND w.status = 'pending'
+                        AND s.project_id = f.project_id AND s.function_name = f.function_name
+                      ORDER BY w.not_before, w.id
+                      LIMIT 1
+                      FOR UPDATE OF w SKIP LOCKED)
+          AND r.not_before > b.next_probe_at;
+        IF FOUND THEN
+            PERFORM pg_notify('dispatch', 'schedules');  -- listeners' clocks wake for the next probe
+        END IF;
+    END LOOP;
+END
 $$;
 
 
@@ -618,6 +740,107 @@ BEGIN
     ELSIF problem IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
     END IF;
+END
+$$;
+
+
+--
+-- Name: breakers; Type: TABLE; Schema: dispatch; Owner: -
+--
+
+CREATE TABLE dispatch.breakers (
+    project_id text NOT NULL,
+    function_name text NOT NULL,
+    state text DEFAULT 'closed'::text NOT NULL,
+    failures integer DEFAULT 0 NOT NULL,
+    failing_since timestamp with time zone,
+    last_error text,
+    opened_at timestamp with time zone,
+    probes integer DEFAULT 0 NOT NULL,
+    next_probe_at timestamp with time zone,
+    probe_run_id bigint,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT breakers_failures_check CHECK (((failures >= 0) AND (probes >= 0))),
+    CONSTRAINT breakers_open_check CHECK (((state = 'open'::text) = ((opened_at IS NOT NULL) AND (next_probe_at IS NOT NULL)))),
+    CONSTRAINT breakers_state_check CHECK ((state = ANY (ARRAY['closed'::text, 'open'::text])))
+);
+
+
+--
+-- Name: TABLE breakers; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.breakers IS 'The circuit breaker of each function that failed retryably (one row per project_id, function_name; written only by the system and dispatch.reset_breaker). While open, its runs wait (pending with not_before, attempts kept) and one probe run at a time is invoked.';
+
+
+--
+-- Name: COLUMN breakers.state; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.breakers.state IS 'closed: runs go as usual (set by a successful answer, dispatch.reset_breaker); open: runs wait, one probe at a time (set by complete_runs at breaker_threshold failures).';
+
+
+--
+-- Name: COLUMN breakers.failures; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.breakers.failures IS 'Consecutive retryable failures since failing_since (reset by any other outcome).';
+
+
+--
+-- Name: COLUMN breakers.probes; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.breakers.probes IS 'Probe runs handed out since the breaker opened.';
+
+
+--
+-- Name: COLUMN breakers.next_probe_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.breakers.next_probe_at IS 'While open: the earliest instant the next probe may go out.';
+
+
+--
+-- Name: COLUMN breakers.probe_run_id; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.breakers.probe_run_id IS 'The run last handed out as a probe: in flight while that run is running.';
+
+
+--
+-- Name: _close_breaker(text, text, text, text, bigint[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._close_breaker(project_id text, function_name text, actor text, reason text, run_ids bigint[] DEFAULT NULL::bigint[]) RETURNS dispatch.breakers
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    was dispatch.breakers;
+BEGIN
+    SELECT * INTO was FROM dispatch.breakers b
+    WHERE b.project_id = _close_breaker.project_id AND b.function_name = _close_breaker.function_name
+      AND (b.state = 'open' OR b.failures > 0 OR _close_breaker.actor IS NOT NULL)
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    UPDATE dispatch.breakers b
+    SET state = 'closed', failures = 0, failing_since = NULL, opened_at = NULL, probes = 0, next_probe_at = NULL,
+        probe_run_id = NULL, updated_at = now()
+    WHERE b.project_id = was.project_id AND b.function_name = was.function_name;
+    IF was.state = 'open' THEN
+        INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+        VALUES (_close_breaker.actor, was.project_id, 'breaker.close', jsonb_strip_nulls(jsonb_build_object(
+                    'functionName', was.function_name, 'reason', _close_breaker.reason, 'openedAt', was.opened_at,
+                    'openFor', now() - was.opened_at, 'probes', was.probes,
+                    'runId', (SELECT min(x) FROM unnest(_close_breaker.run_ids) x))));
+    END IF;
+    -- after a reset or a close, whatever waited goes (held runs of a breaker that only counted
+    -- failures are none)
+    PERFORM dispatch._release_held(was.project_id, was.function_name);
+    RETURN was;
 END
 $$;
 
@@ -1181,6 +1404,98 @@ $$;
 
 
 --
+-- Name: _hold_for_breakers(bigint[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._hold_for_breakers(run_ids bigint[]) RETURNS bigint[]
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_indexscan TO 'off'
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    c_ids bigint[];
+    c_projects text[];
+    c_functions text[];
+    held_ids bigint[];
+    probe_ids bigint[];
+BEGIN
+    IF run_ids IS NULL OR NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.state = 'open') THEN
+        RETURN run_ids;
+    END IF;
+    -- the runs of open breakers, the probe's candidates first: the fewest invocations (a probe
+    -- uses up an attempt of its run: they take turns), then the oldest
+    SELECT array_agg(r.id ORDER BY r.attempt - r.released, r.fire_at, r.id),
+           array_agg(b.project_id ORDER BY r.attempt - r.released, r.fire_at, r.id),
+           array_agg(b.function_name ORDER BY r.attempt - r.released, r.fire_at, r.id)
+    INTO c_ids, c_projects, c_functions
+    FROM dispatch.runs r
+    JOIN dispatch.schedules s ON s.id = r.schedule_id
+    JOIN dispatch.breakers b ON b.project_id = s.project_id AND b.function_name = s.function_name
+    WHERE r.id = ANY (_hold_for_breakers.run_ids) AND b.state = 'open';
+    IF c_ids IS NULL THEN
+        RETURN run_ids;
+    END IF;
+
+    -- The probes: one per open breaker whose next probe is due and whose last probe is no longer
+    -- out, taken under the breaker's row lock (a claimer that cannot have it holds its runs).
+    WITH cand AS (
+        SELECT c.id, c.project_id, c.function_name, c.n
+        FROM unnest(c_ids, c_projects, c_functions) WITH ORDINALITY AS c(id, project_id, function_name, n)
+    ), free AS (
+        SELECT b.project_id, b.function_name
+        FROM dispatch.breakers b
+        WHERE (b.project_id, b.function_name) IN (SELECT c.project_id, c.function_name FROM cand c)
+          AND b.state = 'open' AND b.next_probe_at <= now()
+          AND NOT EXISTS (SELECT 1 FROM dispatch.runs p WHERE p.id = b.probe_run_id AND p.status = 'running')
+        FOR NO KEY UPDATE OF b SKIP LOCKED
+    ), probing AS (
+        UPDATE dispatch.breakers b
+        SET probe_run_id = p.id, probes = b.probes + 1,
+            next_probe_at = now() + dispatch._probe_delay(b.probes + 1), updated_at = now()
+        FROM free f
+        CROSS JOIN LATERAL (SELECT c.id FROM cand c
+                            WHERE c.project_id = f.project_id AND c.function_name = f.function_name
+                            ORDER BY c.n LIMIT 1) p
+        WHERE b.project_id = f.project_id AND b.function_name = f.function_name
+        RETURNING p.id
+    )
+    SELECT array_agg(p.id) INTO probe_ids FROM probing p;
+
+    -- The others wait: for the next probe when none is out, else until that one's outcome pulls
+    -- one of them forward (dispatch._breaker_outcomes), or for the longest spacing.
+    WITH held AS (
+        UPDATE dispatch.runs r
+        SET not_before = CASE
+                WHEN b.probe_run_id IS NOT NULL
+                     AND EXISTS (SELECT 1 FROM dispatch.runs p WHERE p.id = b.probe_run_id
+                                 AND (p.status = 'running' OR p.id = ANY (coalesce(probe_ids, '{}'))))
+                THEN now() + st.breaker_probe_spacing_max
+                WHEN b.next_probe_at > now() THEN b.next_probe_at
+                -- due, but another claimer holds the breaker: look again a spacing later
+                ELSE now() + st.breaker_probe_spacing END,
+            held_by_breaker = true
+        FROM unnest(c_ids, c_projects, c_functions) AS c(id, project_id, function_name)
+        JOIN dispatch.breakers b ON b.project_id = c.project_id AND b.function_name = c.function_name
+        CROSS JOIN dispatch.settings st
+        WHERE r.id = c.id AND c.id <> ALL (coalesce(probe_ids, '{}'))
+        RETURNING r.id
+    )
+    SELECT array_agg(h.id) INTO held_ids FROM held h;
+
+    IF held_ids IS NOT NULL THEN
+        -- fewer runs than asked for although more may be pending: have the claimers come back;
+        -- and the listeners' clocks wake for the new not_before (the next probe)
+        PERFORM pg_notify('dispatch', 'held');
+        PERFORM pg_notify('dispatch', 'schedules');
+    END IF;
+    RETURN ARRAY(SELECT x FROM unnest(run_ids) x WHERE x <> ALL (coalesce(held_ids, '{}')));
+END
+$$;
+
+
+--
 -- Name: _instant(timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -1443,6 +1758,31 @@ $$;
 
 
 --
+-- Name: _probe_delay(integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._probe_delay(probes integer) RETURNS interval
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT dispatch._probe_spacing(probes) * (1 - 0.25 * random())
+$$;
+
+
+--
+-- Name: _probe_spacing(integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._probe_spacing(probes integer) RETURNS interval
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT least(st.breaker_probe_spacing * power(2, least(greatest(probes, 0), 30)), st.breaker_probe_spacing_max)
+    FROM dispatch.settings st
+$$;
+
+
+--
 -- Name: _prune_audit(bigint, bigint); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -1541,6 +1881,36 @@ BEGIN
     )
     SELECT count(*)::integer INTO recorded FROM written;
     RETURN recorded;
+END
+$$;
+
+
+--
+-- Name: _release_held(text, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._release_held(project_id text, function_name text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    released integer;
+BEGIN
+    WITH held AS (
+        SELECT r.id
+        FROM dispatch.runs r
+        JOIN dispatch.schedules s ON s.id = r.schedule_id
+        WHERE r.held_by_breaker AND r.status = 'pending'
+          AND s.project_id = _release_held.project_id AND s.function_name = _release_held.function_name
+        FOR UPDATE OF r SKIP LOCKED
+    )
+    UPDATE dispatch.runs r SET not_before = now(), held_by_breaker = false
+    FROM held h WHERE r.id = h.id;
+    GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        PERFORM pg_notify('dispatch', 'breaker');
+    END IF;
+    RETURN released;
 END
 $$;
 
@@ -2031,6 +2401,7 @@ BEGIN
         lease_until = now() + _start_runs.lease
                       + coalesce(s.timeout - coalesce(_start_runs.default_timeout, interval '0'), interval '0'),
         not_before = NULL,
+        held_by_breaker = false,
         attempt = r.attempt + 1
     FROM dispatch.schedules s
     WHERE r.id = ANY (_start_runs.ids) AND s.id = r.schedule_id
@@ -2339,6 +2710,33 @@ COMMENT ON FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamp with t
 
 
 --
+-- Name: breaker_states(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.breaker_states() RETURNS TABLE(project_id text, function_name text, state text, failures integer, opened_at timestamp with time zone, probes integer, next_probe_at timestamp with time zone, probe_out boolean, waiting bigint, last_error text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT b.project_id, b.function_name, b.state, b.failures, b.opened_at, b.probes, b.next_probe_at,
+           EXISTS (SELECT 1 FROM dispatch.runs p WHERE p.id = b.probe_run_id AND p.status = 'running'),
+           (SELECT count(*) FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id
+            WHERE r.held_by_breaker AND r.status = 'pending'
+              AND s.project_id = b.project_id AND s.function_name = b.function_name),
+           b.last_error
+    FROM dispatch.breakers b
+    WHERE b.state = 'open' OR b.failures > 0
+    ORDER BY b.project_id, b.function_name
+$$;
+
+
+--
+-- Name: FUNCTION breaker_states(); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.breaker_states() IS 'The circuit breakers that are open or counting failures: state, consecutive retryable failures, when it opened, probes sent since, when the next may go, whether one is out, how many runs wait behind it, the last error. What listeners export as pgdispatch_breaker_open{project,function}.';
+
+
+--
 -- Name: check_timezone(text); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -2466,7 +2864,9 @@ BEGIN
         -- fewer runs than asked for although more may be pending: have the claimers come back
         PERFORM pg_notify('dispatch', 'ended');
     END IF;
-    IF live_ids IS NULL THEN
+    -- runs of a function whose breaker is open wait, but for its probe (39_breakers.sql)
+    live_ids := dispatch._hold_for_breakers(live_ids);
+    IF live_ids IS NULL OR live_ids = '{}' THEN
         RETURN;
     END IF;
 
@@ -2546,6 +2946,9 @@ BEGIN
     -- given, whatever worker names it; a late outcome from an expired lease never lands on its
     -- successor. Its row and its schedule's are taken without waiting (invariant 3).
     taken := dispatch._take_running(complete_runs.run_ids, complete_runs.attempts);
+    -- the breakers of their functions count the failures, close on an answer (39_breakers.sql)
+    PERFORM dispatch._breaker_outcomes(taken, complete_runs.run_ids, complete_runs.statuses,
+                                       complete_runs.retryable, complete_runs.errors);
 
     IF coalesce(cardinality(taken), 0) < cardinality(complete_runs.run_ids) THEN
         -- Still the caller's but held by another transaction (a user's open one on the
@@ -3777,6 +4180,40 @@ COMMENT ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[], attempt
 
 
 --
+-- Name: reset_breaker(text, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.reset_breaker(project_id text, function_name text) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    was dispatch.breakers;
+BEGIN
+    was := dispatch._close_breaker(reset_breaker.project_id, reset_breaker.function_name, session_user::text, 'reset');
+    IF was.project_id IS NULL THEN
+        RAISE EXCEPTION 'function % of project % has no breaker', reset_breaker.function_name, reset_breaker.project_id
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'SELECT * FROM dispatch.breakers lists them: a function gets one at its first retryable failure.';
+    END IF;
+    IF was.state = 'closed' THEN
+        INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+        VALUES (session_user, was.project_id, 'breaker.reset', jsonb_build_object(
+                    'functionName', was.function_name, 'failures', was.failures));
+    END IF;
+    RETURN was.state;
+END
+$$;
+
+
+--
+-- Name: FUNCTION reset_breaker(project_id text, function_name text); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.reset_breaker(project_id text, function_name text) IS 'Close the circuit breaker of a function (project_id, function_name) and clear its count of failures: its waiting runs go at once. Audited as breaker.close (reason reset) when it was open, else breaker.reset, with the actor (session_user). Returns the state it was in (open or closed); P0002 when the function has no breaker. It holds the breaker''s row until the transaction ends, and completions of that function wait for it: run it on its own.';
+
+
+--
 -- Name: resume(uuid); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -4202,7 +4639,14 @@ CREATE TABLE dispatch.settings (
     runs_retention interval DEFAULT '14 days'::interval NOT NULL,
     audit_retention interval DEFAULT '90 days'::interval NOT NULL,
     prune_batch_size integer DEFAULT 5000 NOT NULL,
+    breaker_threshold integer DEFAULT 5 NOT NULL,
+    breaker_window interval DEFAULT '00:05:00'::interval NOT NULL,
+    breaker_probe_spacing interval DEFAULT '00:00:01'::interval NOT NULL,
+    breaker_probe_spacing_max interval DEFAULT '00:00:10'::interval NOT NULL,
     CONSTRAINT settings_audit_retention_check CHECK ((audit_retention >= '01:00:00'::interval)),
+    CONSTRAINT settings_breaker_probe_spacing_check CHECK (((breaker_probe_spacing >= '00:00:00.01'::interval) AND (breaker_probe_spacing <= breaker_probe_spacing_max) AND (breaker_probe_spacing_max <= '01:00:00'::interval))),
+    CONSTRAINT settings_breaker_threshold_check CHECK (((breaker_threshold >= 0) AND (breaker_threshold <= 10000))),
+    CONSTRAINT settings_breaker_window_check CHECK ((breaker_window > '00:00:00'::interval)),
     CONSTRAINT settings_prune_batch_size_check CHECK (((prune_batch_size >= 100) AND (prune_batch_size <= 1000000))),
     CONSTRAINT settings_runs_retention_check CHECK ((runs_retention >= '01:00:00'::interval)),
     CONSTRAINT settings_singleton_check CHECK (singleton)
@@ -4238,6 +4682,34 @@ COMMENT ON COLUMN dispatch.settings.prune_batch_size IS 'Rows deleted per transa
 
 
 --
+-- Name: COLUMN settings.breaker_threshold; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.settings.breaker_threshold IS 'Consecutive retryable failures of one function (project_id, function_name) within breaker_window that open its breaker. 0: breakers never open.';
+
+
+--
+-- Name: COLUMN settings.breaker_window; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.settings.breaker_window IS 'The failures that open a breaker all fall within this long of the first of them; a streak older than this starts again.';
+
+
+--
+-- Name: COLUMN settings.breaker_probe_spacing; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.settings.breaker_probe_spacing IS 'The time between two probes of an open breaker: the first goes this long after it opened; doubled after each probe, up to breaker_probe_spacing_max; each wait less up to a quarter, at random.';
+
+
+--
+-- Name: COLUMN settings.breaker_probe_spacing_max; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.settings.breaker_probe_spacing_max IS 'The most time between two probes of an open breaker, and so how long its waiting runs wait at most after the function answers again.';
+
+
+--
 -- Name: timezones; Type: TABLE; Schema: dispatch; Owner: -
 --
 
@@ -4259,6 +4731,14 @@ COMMENT ON TABLE dispatch.timezones IS 'Cache of pg_timezone_names.name, the onl
 
 ALTER TABLE ONLY dispatch.audit_log
     ADD CONSTRAINT audit_log_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: breakers breakers_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.breakers
+    ADD CONSTRAINT breakers_pkey PRIMARY KEY (project_id, function_name);
 
 
 --
@@ -4346,10 +4826,31 @@ CREATE INDEX audit_log_skipped_slots_idx ON dispatch.audit_log USING btree (id) 
 
 
 --
+-- Name: breakers_counting_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX breakers_counting_idx ON dispatch.breakers USING btree (project_id, function_name) WHERE ((state = 'open'::text) OR (failures > 0));
+
+
+--
+-- Name: breakers_open_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX breakers_open_idx ON dispatch.breakers USING btree (project_id, function_name) WHERE (state = 'open'::text);
+
+
+--
 -- Name: runs_created_at_brin_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
 CREATE INDEX runs_created_at_brin_idx ON dispatch.runs USING brin (created_at);
+
+
+--
+-- Name: runs_held_by_breaker_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX runs_held_by_breaker_idx ON dispatch.runs USING btree (schedule_id) WHERE (held_by_breaker AND (status = 'pending'::text));
 
 
 --
@@ -4503,6 +5004,13 @@ REVOKE ALL ON FUNCTION dispatch._audit_runs(finished dispatch.runs[]) FROM PUBLI
 
 
 --
+-- Name: FUNCTION _breaker_outcomes(run_ids bigint[], all_ids bigint[], statuses text[], retryable boolean[], errors text[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._breaker_outcomes(run_ids bigint[], all_ids bigint[], statuses text[], retryable boolean[], errors text[]) FROM PUBLIC;
+
+
+--
 -- Name: TABLE schedules; Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -4647,6 +5155,20 @@ GRANT ALL ON FUNCTION dispatch._check_policies(s dispatch.schedules) TO dispatch
 
 
 --
+-- Name: TABLE breakers; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.breakers TO dispatch_reader;
+
+
+--
+-- Name: FUNCTION _close_breaker(project_id text, function_name text, actor text, reason text, run_ids bigint[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._close_breaker(project_id text, function_name text, actor text, reason text, run_ids bigint[]) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _cron_days(spec dispatch.cron_spec, y integer, mo integer, first_dow integer); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -4770,6 +5292,13 @@ REVOKE ALL ON FUNCTION dispatch._follow_up(schedule_ids uuid[]) FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION _hold_for_breakers(run_ids bigint[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._hold_for_breakers(run_ids bigint[]) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _instant(t timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -4822,6 +5351,20 @@ REVOKE ALL ON FUNCTION dispatch._operable_schedule(schedule_id uuid, verb text) 
 
 
 --
+-- Name: FUNCTION _probe_delay(probes integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._probe_delay(probes integer) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _probe_spacing(probes integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._probe_spacing(probes integer) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _prune_audit(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -4842,6 +5385,13 @@ GRANT ALL ON FUNCTION dispatch._prune_runs(after_id bigint, INOUT up_to bigint, 
 --
 
 REVOKE ALL ON FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _release_held(project_id text, function_name text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._release_held(project_id text, function_name text) FROM PUBLIC;
 
 
 --
@@ -5023,6 +5573,15 @@ GRANT ALL ON FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamp with
 
 
 --
+-- Name: FUNCTION breaker_states(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.breaker_states() FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.breaker_states() TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.breaker_states() TO dispatch_reader;
+
+
+--
 -- Name: FUNCTION check_timezone(tz text); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -5197,6 +5756,14 @@ REVOKE ALL ON FUNCTION dispatch.register_cron_job() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[], attempts integer[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.release_runs(worker text, run_ids bigint[], attempts integer[]) TO dispatch_listener;
+
+
+--
+-- Name: FUNCTION reset_breaker(project_id text, function_name text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.reset_breaker(project_id text, function_name text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.reset_breaker(project_id text, function_name text) TO dispatch_admin;
 
 
 --

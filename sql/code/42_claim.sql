@@ -59,6 +59,7 @@ BEGIN
         lease_until = now() + _start_runs.lease
                       + coalesce(s.timeout - coalesce(_start_runs.default_timeout, interval '0'), interval '0'),
         not_before = NULL,
+        held_by_breaker = false,
         attempt = r.attempt + 1
     FROM dispatch.schedules s
     WHERE r.id = ANY (_start_runs.ids) AND s.id = r.schedule_id
@@ -173,7 +174,9 @@ BEGIN
         -- fewer runs than asked for although more may be pending: have the claimers come back
         PERFORM pg_notify('dispatch', 'ended');
     END IF;
-    IF live_ids IS NULL THEN
+    -- runs of a function whose breaker is open wait, but for its probe (39_breakers.sql)
+    live_ids := dispatch._hold_for_breakers(live_ids);
+    IF live_ids IS NULL OR live_ids = '{}' THEN
         RETURN;
     END IF;
 

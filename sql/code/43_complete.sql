@@ -121,6 +121,9 @@ BEGIN
     -- given, whatever worker names it; a late outcome from an expired lease never lands on its
     -- successor. Its row and its schedule's are taken without waiting (invariant 3).
     taken := dispatch._take_running(complete_runs.run_ids, complete_runs.attempts);
+    -- the breakers of their functions count the failures, close on an answer (39_breakers.sql)
+    PERFORM dispatch._breaker_outcomes(taken, complete_runs.run_ids, complete_runs.statuses,
+                                       complete_runs.retryable, complete_runs.errors);
 
     IF coalesce(cardinality(taken), 0) < cardinality(complete_runs.run_ids) THEN
         -- Still the caller's but held by another transaction (a user's open one on the

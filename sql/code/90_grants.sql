@@ -61,8 +61,10 @@ GRANT EXECUTE ON FUNCTION
     dispatch.next_due_at(),
     dispatch.next_due_after(timestamptz),
     dispatch.lost_runs_after(bigint),
-    dispatch.skipped_slots_after(bigint)
+    dispatch.skipped_slots_after(bigint),
+    dispatch.breaker_states()
 TO dispatch_listener;
+GRANT EXECUTE ON FUNCTION dispatch.breaker_states() TO dispatch_reader;
 GRANT EXECUTE ON PROCEDURE
     dispatch.complete_run(bigint, text, integer, text, text, integer, integer, boolean, integer, boolean, boolean,
                           boolean, timestamptz)
@@ -96,6 +98,7 @@ GRANT EXECUTE ON FUNCTION
     dispatch.pause(uuid, text),
     dispatch.resume(uuid),
     dispatch.run_now(uuid),
-    dispatch.backfill(uuid, timestamptz, timestamptz)
+    dispatch.backfill(uuid, timestamptz, timestamptz),
+    dispatch.reset_breaker(text, text)
 TO dispatch_admin;
 GRANT EXECUTE ON PROCEDURE dispatch.prune(bigint, bigint) TO dispatch_admin;

@@ -29,6 +29,10 @@ def test_quick_profile_holds_every_invariant() -> None:
     stuck = "schedules left stuck (next_run_at not one minute past the last slot, or a run open)"
     assert figures[stuck] == "0", report.getvalue()
     assert figures["run audit rows"] == figures["finished runs"], report.getvalue()
+    # the flapping function's breakers opened and closed again; none is left open
+    opened, closed = figures["breakers opened / closed"].split(" / ")
+    assert int(opened) >= 1 and opened == closed, report.getvalue()
+    assert figures["breakers left open"] == "0", report.getvalue()
     assert figures["slots invoked under more than one request id"] == "0", report.getvalue()
     assert int(figures["listener kills (kill -9)"]) >= 3
     assert figures["PostgreSQL restarts (fast / immediate)"] == "1 / 1"

@@ -22,6 +22,7 @@ COMMANDS = [
     ["schedules", "list"], ["schedules", "show"], ["schedules", "enable"], ["schedules", "disable"],
     ["schedules", "delete"], ["schedules", "update"], ["schedules", "pause"], ["schedules", "resume"],
     ["schedules", "run"], ["schedules", "backfill"], ["schedules", "explain"], ["runs"], ["runs", "list"],
+    ["breakers", "list"], ["breakers", "reset"],
 ]
 
 
@@ -264,6 +265,35 @@ def test_pause_resume_and_run_now(cli: Callable[..., Result], db: psycopg.Connec
                                         " WHERE action NOT LIKE 'schedule.run.%' ORDER BY id")]
     assert actions == ["schedule.create", "schedule.pause", "schedule.resume", "schedule.run_now",
                        "schedule.run_now"]
+
+
+def test_breakers_list_and_reset(cli: Callable[..., Result], db: psycopg.Connection) -> None:
+    """The SQL of docs/policies.md's breaker section, from a terminal: an open breaker listed with
+    the runs waiting behind it, reset (audited with the role), then nothing to list."""
+    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
+               " SELECT 'acme', 'flaky', '0 0 1 1 *' FROM generate_series(1, 5)")
+    db.execute("SELECT dispatch.tick(now() + interval '1 year')")
+    for run_id, attempt in db.execute("SELECT run_id, attempt FROM dispatch.claim_runs('w', 10)").fetchall():
+        db.execute("CALL dispatch.complete_run(%s, 'w', %s, 'error', 'HTTP 503: down', 503, 9, true)",
+                   (run_id, attempt))
+    db.execute("UPDATE dispatch.runs SET not_before = now() WHERE status = 'pending'")
+    assert db.execute("SELECT count(*) FROM dispatch.claim_runs('w', 10)").fetchone() == (0,)
+
+    listed = cli("breakers", "list", "--open", "--json")
+    assert listed.code == 0, listed.err
+    [row] = listed.json
+    assert (row["project_id"], row["function_name"], row["state"], row["failures"], row["waiting"]) == (
+        "acme", "flaky", "open", 5, 5)
+
+    reset = cli("breakers", "reset", "--project", "acme", "--function", "flaky")
+    assert reset.code == 0, reset.err
+    assert reset.out == "breaker of acme/flaky closed: its waiting runs go now\n"
+    assert db.execute("SELECT count(*) FROM dispatch.claim_runs('w', 10)").fetchone() == (5,)
+    assert db.execute("SELECT actor_id, metadata->>'reason' FROM dispatch.audit_log"
+                      " WHERE action = 'breaker.close'").fetchall() == [("postgres", "reset")]
+    unknown = cli("breakers", "reset", "--project", "acme", "--function", "nope")
+    assert unknown.code == 2 and "function nope of project acme has no breaker" in unknown.err
+    assert cli("breakers", "list").out == "no breaker is open or counting failures\n"
 
 
 def test_backfill(cli: Callable[..., Result], db: psycopg.Connection) -> None:
