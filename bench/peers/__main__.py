@@ -56,7 +56,8 @@ from bench.common import (
     stop_cluster,
 )
 from bench.dispatch import bare_aiohttp, end_to_end, listeners, seed_schedules
-from bench.peers import graphile
+from bench.peers import dbos_side, graphile
+from bench.peers.dbos_side import Stampede
 from bench.peers.graphile import Result
 from bench.sink import NginxSink
 
@@ -154,6 +155,46 @@ def throughput(port: str, sink: NginxSink, *, jobs: int, rounds: int, concurrenc
     return {"peers_graphile_ratio": ours["first_to_last"] / medians[GRAPHILE]["first_to_last"]}
 
 
+def schedules(port: str, sink: NginxSink, *, tenants: int, rounds: int, concurrency: int,
+              data_dir: Path) -> dict[str, float]:
+    """DBOS Transact against pgdispatch: `tenants` schedules due at one minute, `rounds` rounds."""
+    dbos_side.ensure_installed()
+    postmaster = int((data_dir / "data" / "postmaster.pid").read_text().split()[0])
+    print(f"\nschedules stored in the database: {tenants:,} tenants on '* * * * *', one minute's instant;"
+          f" DBOS Transact {dbos_side.VERSION} (DBOS.create_schedule: rows in its system database's"
+          " workflow_schedules table, fired by its scheduler onto its internal queue; its defaults)"
+          " against pgdispatch (1 listener, its own clock)", flush=True)
+    sides: dict[str, list[Stampede]] = {"DBOS Transact": [], "pgdispatch": []}
+    for round_no in range(1, rounds + 1):
+        order = list(sides) if round_no % 2 else list(sides)[::-1]
+        print(f"round {round_no}: ({time.strftime('%H:%M:%S')})", flush=True)
+        for side in order:
+            def meter(pid: int) -> dict[str, Callable[[], float]]:
+                return meters(postmaster, {"app or listener": pid})
+            if side == "DBOS Transact":
+                url = empty_database(port, "bench_peers_dbos")
+                result = dbos_side.dbos_round(url, sink, tenants=tenants, log_dir=data_dir, meters=meter)
+            else:
+                result = dbos_side.pgdispatch_round(port, sink, tenants=tenants, concurrency=concurrency,
+                                                    log_dir=data_dir, meters=meter)
+            sides[side].append(result)
+            print(f"  {side:>13}: first request {result.first:6.2f} s after the instant, median "
+                  f"{result.median:6.2f} s, last {result.last:6.2f} s; CPU a call: "
+                  + ", ".join(f"{name} {us:,.0f} us" for name, us in result.cpu_us.items()), flush=True)
+    print(f"\nmedians of {rounds} round(s), {tenants:,} tenants due at one minute:")
+    medians: dict[str, dict[str, float]] = {}
+    for side, results in sides.items():
+        medians[side] = {key: statistics.median(getattr(r, key) for r in results)
+                         for key in ("first", "median", "last")}
+        first, median, last = medians[side].values()
+        print(f"  {side:>13}: first {first:6.2f} s, median {median:6.2f} s, last {last:6.2f} s"
+              " after the instant")
+    ratio = medians["DBOS Transact"]["last"] / medians["pgdispatch"]["last"]
+    print(f"  DBOS Transact's last request / pgdispatch's: x {ratio:.0f}", flush=True)
+    return {"peers_dbos_last_s": medians["DBOS Transact"]["last"],
+            "peers_pgdispatch_last_s": medians["pgdispatch"]["last"]}
+
+
 def asyncio_bare(sink: NginxSink, concurrency: int) -> float:
     """The bare aiohttp loop on the sink (bench.dispatch): the machine's speed this round."""
     rate = asyncio.run(bare_aiohttp(sink.url + "/bare", total=10_000, concurrency=concurrency))
@@ -195,6 +236,9 @@ def main() -> None:
             if args.only in (None, "graphile"):
                 throughput(port, sink, jobs=args.jobs, rounds=args.rounds, concurrency=args.concurrency,
                            pool=pool, data_dir=data_dir, batching=args.graphile_batching)
+            if args.only in (None, "dbos"):
+                schedules(port, sink, tenants=args.tenants, rounds=args.rounds, concurrency=args.concurrency,
+                          data_dir=data_dir)
             print(f"\npeers: {(time.monotonic() - started) / 60:.1f} min", file=sys.stderr)
     finally:
         stop_cluster(data_dir, check=False)
