@@ -42,6 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import psycopg
@@ -72,12 +73,9 @@ def empty_database(port: str, name: str) -> str:
     return f"postgresql://postgres@127.0.0.1:{port}/{name}"
 
 
-def meters(postmaster: int, pids: dict[str, int]) -> dict[str, Callable[[], float]]:
-    """CPU seconds so far of the whole cluster and of each named process."""
-    found: dict[str, Callable[[], float]] = {"PostgreSQL": lambda: cluster_cpu_s(postmaster)}
-    for name, pid in pids.items():
-        found[name] = lambda pid=pid: process_cpu_s(pid)  # type: ignore[misc]
-    return found
+def meters(postmaster: int, name: str, pid: int) -> dict[str, Callable[[], float]]:
+    """CPU seconds so far of the whole cluster (bench.common.cluster_cpu_s) and of process `pid`."""
+    return {"PostgreSQL": partial(cluster_cpu_s, postmaster), name: partial(process_cpu_s, pid)}
 
 
 def pgdispatch_round(db: psycopg.Connection, sink: NginxSink, *, runs: int, url: str, concurrency: int,
@@ -126,7 +124,7 @@ def throughput(port: str, sink: NginxSink, *, jobs: int, rounds: int, concurrenc
                                          log_dir=data_dir, batching=side == BATCHED) as pid:
                         result = graphile.add_and_wait(
                             gdb, sink, jobs=jobs, first=(round_no * len(sides) + order.index(side)) * jobs,
-                            meters=meters(postmaster, {"worker or listener": pid}))
+                            meters=meters(postmaster, "worker or listener", pid))
                 else:
                     result = pgdispatch_round(ddb, sink, runs=jobs, url=dispatch_url,
                                               concurrency=concurrency, data_dir=data_dir)
@@ -164,13 +162,12 @@ def schedules(port: str, sink: NginxSink, *, tenants: int, rounds: int, concurre
           f" DBOS Transact {dbos_side.VERSION} (DBOS.create_schedule: rows in its system database's"
           " workflow_schedules table, fired by its scheduler onto its internal queue; its defaults)"
           " against pgdispatch (1 listener, its own clock)", flush=True)
+    meter = partial(meters, postmaster, "app or listener")
     sides: dict[str, list[Stampede]] = {"DBOS Transact": [], "pgdispatch": []}
     for round_no in range(1, rounds + 1):
         order = list(sides) if round_no % 2 else list(sides)[::-1]
         print(f"round {round_no}: ({time.strftime('%H:%M:%S')})", flush=True)
         for side in order:
-            def meter(pid: int) -> dict[str, Callable[[], float]]:
-                return meters(postmaster, {"app or listener": pid})
             if side == "DBOS Transact":
                 url = empty_database(port, "bench_peers_dbos")
                 result = dbos_side.dbos_round(url, sink, tenants=tenants, log_dir=data_dir, meters=meter)
