@@ -1,6 +1,7 @@
 """pgdispatch beside its peers, side by side, each installed and run the way its users run it.
 
     .venv/bin/python -m bench.peers [--quick] [--rounds 3] [--jobs 10000] [--concurrency 64]
+                                    [--graphile-pool N] [--graphile-batching]
                                     [--tenants 1000] [--only graphile|dbos]
 
 All on one durable private cluster (bench.common.start_cluster: PostgreSQL's defaults, fsync,
@@ -12,14 +13,16 @@ what counts.
 Queue throughput, against Graphile Worker (npm graphile-worker, the version
 bench/peers/graphile/package-lock.json pins, installed there with `npm ci` on first use; Node):
 --jobs jobs added at once with graphile_worker.add_jobs (one statement) to one worker whose task
-POSTs the payload to the sink with Node's fetch, concurrency --concurrency; against --jobs slots
-due at once for one `pgdispatch listen` with the same concurrency (bench.dispatch.end_to_end).
-Both: requests/s from the first to the last request at the sink (the ratio is of these), and
-from the moment the work was there (the jobs committed, the slots' instant) to the last; CPU a
-job of PostgreSQL and of the worker or listener, all of them recorded as done. Graphile Worker
-is given its concurrency and maxPoolSize = concurrency (it warns below that; --graphile-pool 0
-leaves its default, 10), nothing else. --graphile-batching adds a third side: Graphile Worker
-with the options its performance page uses (a local queue, batched completion; off by default).
+POSTs the payload to the sink (node:http with one keep-alive agent; Node 20's fetch took about six
+times as much CPU a request here), concurrency --concurrency; against --jobs slots due at once for
+one `pgdispatch listen` with the same concurrency (bench.dispatch.end_to_end). Both: requests/s
+from the first to the last request at the sink (the ratio is of these), and from the moment the
+work was there (the jobs committed, the slots' instant) to the last; CPU a job of PostgreSQL and of
+the worker or listener, from before the jobs are added (or the slots made due) until all of them
+are recorded as done. Graphile Worker is given its concurrency and maxPoolSize = concurrency (it
+warns below that; --graphile-pool 0 leaves its default, 10), nothing else. --graphile-batching adds
+a third side: Graphile Worker with the options its performance page uses (a local queue, batched
+completion; off by default).
 
 Schedules stored in the database, against DBOS Transact (PyPI dbos, installed into a virtual
 environment of its own, .pgdata/peers-venv-dbos; not a dependency of pgdispatch): --tenants
@@ -27,7 +30,10 @@ schedules created with DBOS.create_schedule (rows in its system database's workf
 table, each fired by DBOS's scheduler), every one '* * * * *' and running a workflow whose step
 POSTs to the sink; against as many pgdispatch schedules on '* * * * *' in as many projects, the
 real listener on its own clock (no manual tick). Both: when the first, the median and the last
-request reached the sink after the minute's instant.
+request reached the sink after the minute's instant, and the CPU a call from a second before it
+until every call was recorded as done. Each side is set up just after a minute boundary, so that
+the minute measured is a whole one away (DBOS's scheduler jitters a slot by up to a tenth of its
+wait).
 
 --quick: 2,000 jobs, 200 tenants, one round: a smoke run, not the docs' figures.
 """
@@ -176,7 +182,8 @@ def schedules(port: str, sink: NginxSink, *, tenants: int, rounds: int, concurre
                                                     log_dir=data_dir, meters=meter)
             sides[side].append(result)
             print(f"  {side:>13}: first request {result.first:6.2f} s after the instant, median "
-                  f"{result.median:6.2f} s, last {result.last:6.2f} s; CPU a call: "
+                  f"{result.median:6.2f} s, last {result.last:6.2f} s (ready {result.lead_s:.0f} s before "
+                  "it); CPU a call: "
                   + ", ".join(f"{name} {us:,.0f} us" for name, us in result.cpu_us.items()), flush=True)
     print(f"\nmedians of {rounds} round(s), {tenants:,} tenants due at one minute:")
     medians: dict[str, dict[str, float]] = {}

@@ -42,6 +42,7 @@ class Stampede:
     median: float
     last: float
     cpu_us: dict[str, float]
+    lead_s: float = 0.0  # from the side being ready (schedules created, listening) to the instant
 
 
 def ensure_installed() -> None:
@@ -84,13 +85,14 @@ def sink_arrivals(sink: NginxSink, tenants: int, ids: Ids) -> list[float]:
 def measured(meters: dict[str, Callable[[], float]], instant: float, tenants: int,
              done: Callable[[], bool], sink: NginxSink, ids: Ids) -> Stampede:
     """Wait for the instant, then for every call recorded as done; the figures."""
+    lead = instant - time.time()
     time.sleep(max(0.0, instant - 1 - time.time()))
     sink.arrivals(0, within=0)  # nothing before the instant is counted
     before = {name: meter() for name, meter in meters.items()}
     wait_until(done, "the minute's calls recorded as done", within=instant + 180 - time.time(), every=0.2)
     used = {name: (meter() - before[name]) / tenants * 1e6 for name, meter in meters.items()}
     seconds = sorted(at - instant for at in sink_arrivals(sink, tenants, ids))
-    return Stampede(seconds[0], statistics.median(seconds), seconds[-1], used)
+    return Stampede(seconds[0], statistics.median(seconds), seconds[-1], used, lead)
 
 
 @contextmanager
