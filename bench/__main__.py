@@ -22,6 +22,10 @@ stack, nginx sink, py-spy profile), bench.memory (1,000 invocations in flight) a
 (a backlog of 100,000 and 400,000 old runs: cost per row pruned) and bench.stampede (100,000
 schedules due at one instant: first, median and last request, with one and two listeners).
 --quick shrinks every size for a smoke run; its figures are not the README's.
+
+Not in this run (about 10 minutes on its own): `python -m bench.peers [--quick]`, pgdispatch
+beside its peers, side by side in one window: queue throughput against Graphile Worker and
+schedules stored in the database against DBOS Transact (bench/peers/__main__.py).
 """
 
 from __future__ import annotations

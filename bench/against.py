@@ -43,7 +43,6 @@ import psycopg
 from bench.buffers import ensure_statements
 from bench.common import (
     ROOT,
-    SPREAD_CRON,
     checkout,
     cluster_dir,
     cluster_kind,
@@ -51,7 +50,7 @@ from bench.common import (
     start_cluster,
     stop_cluster,
 )
-from bench.dispatch import bare_aiohttp, end_to_end, listeners
+from bench.dispatch import bare_aiohttp, end_to_end, listeners, seed_schedules
 from bench.sink import NginxSink
 
 __all__ = ["measure"]
@@ -183,11 +182,7 @@ def measure(*, against: str, rounds: int, runs: int, listener_count: int, concur
                     with psycopg.connect(side.url, autocommit=True) as db:
                         if statements:
                             db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-                        db.execute("INSERT INTO dispatch.schedules"
-                                   " (project_id, function_name, cron_expression, args)"
-                                   f" SELECT 'bench', 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
-                                   " FROM generate_series(1, %s) i", (runs,))
-                        db.execute("VACUUM ANALYZE dispatch.schedules")
+                        seed_schedules(db, runs)
                 print(f"against: {runs:,} slots due at once, {listener_count} listener(s) with concurrency "
                       f"{concurrency}, nginx sink, {rounds} rounds, each revision in turn; cluster "
                       f"{cluster_kind(fast)}; {os.cpu_count()} CPUs shared by PostgreSQL, sink and listeners",

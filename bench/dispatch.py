@@ -61,7 +61,7 @@ from dispatcher.runs import Run
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "bench_dispatch"
 
-__all__ = ["measure"]
+__all__ = ["end_to_end", "listeners", "measure", "seed_schedules"]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -113,6 +113,15 @@ async def bare_invoker(template: str, *, total: int, concurrency: int) -> float:
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         return total / (time.perf_counter() - started)
+
+
+def seed_schedules(db: psycopg.Connection, count: int) -> None:
+    """`count` schedules of project 'bench' (bench.common.SPREAD_CRON: none comes due by itself),
+    for end_to_end to make due; analysed."""
+    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
+               f" SELECT 'bench', 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
+               " FROM generate_series(1, %s) i", (count,))
+    db.execute("VACUUM ANALYZE dispatch.schedules")
 
 
 # -- end to end ------------------------------------------------------------------------------
@@ -237,12 +246,7 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
                   f"{'/'.join(map(str, listener_counts))} listener(s) with concurrency {concurrency} each, "
                   f"nginx sink; {os.cpu_count()} CPUs shared by PostgreSQL, sink and listeners; "
                   f"cluster {cluster_kind(fast)}")
-            db.execute(
-                "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
-                f" SELECT 'bench', 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
-                " FROM generate_series(1, %s) i", (max(runs),),
-            )
-            db.execute("VACUUM ANALYZE dispatch.schedules")
+            seed_schedules(db, max(runs))
             asyncio.run(bare_invoker(sink.template, total=2000, concurrency=concurrency))  # warm-up
             sink.arrivals(2000)
 
