@@ -27,7 +27,8 @@ FROM dispatch.runs r WHERE r.status IN ('pending', 'running') OR r.id = ANY (%s:
 """
 STOPPED = ("paused", "disabled", "deleted")
 # what the claim does with an open run, by its verdict: "claimed", "ended", or left as it is
-_BY_CLAIM = {"pending": "claimed", "missed": "ended", "late": "ended", "stale": "ended"}
+# ("breaker": held by its function's open breaker, unless the claim lets it go as the one probe)
+_BY_CLAIM = {"pending": "claimed", "missed": "ended", "late": "ended", "stale": "ended", "breaker": "maybe"}
 
 
 def explain_agrees(conn: psycopg.Connection, *, skip: Collection[str] = ()) -> Counter[str]:
@@ -82,13 +83,16 @@ def explain_agrees(conn: psycopg.Connection, *, skip: Collection[str] = ()) -> C
             status = after[run_id][3]
             if expected == "claimed":
                 assert run_id in claimed, f"run {run_id}: explain said the claim takes it; it is {status}"
+            elif expected == "maybe":
+                assert status in ("pending", "running"), \
+                    f"run {run_id}: explain said {run_item} (held, or the probe); it is {status}"
             elif expected == "ended":
                 assert run_id not in claimed and status not in ("pending", "running"), \
                     f"run {run_id}: explain said {run_item}, so the claim ends it; it is {status}"
             else:
                 assert run_id not in claimed and status == before[run_id][3], \
                     f"run {run_id}: explain said {run_item}; the claim took it or changed it ({status})"
-        named = {r for r, (s, i) in open_runs.items() if s == sid and i == "pending"}
+        named = {r for r, (s, i) in open_runs.items() if s == sid and i in ("pending", "breaker")}
         assert claimed_here <= named | set(new), f"schedule {sid}: the claim took {claimed_here - named}"
     seen.update(f"open run {item}" for _, item in open_runs.values())
     return seen

@@ -1281,6 +1281,7 @@ CREATE FUNCTION dispatch._explain_open(s dispatch.schedules) RETURNS TABLE(id bi
                 WHEN dispatch._stopped_as(s) IS NOT NULL THEN 'stale'
                 WHEN r.not_before = 'infinity' AND r.kind = 'backfill' THEN 'waits_turn'
                 WHEN r.not_before = 'infinity' THEN 'buffered'
+                WHEN r.not_before > now() AND r.held_by_breaker THEN 'breaker'
                 WHEN r.not_before > now() THEN CASE WHEN r.attempt > r.released THEN 'retry_wait'
                                                     ELSE 'jitter_wait' END
                 WHEN dispatch._missed(r, s) THEN 'missed'
@@ -1288,6 +1289,10 @@ CREATE FUNCTION dispatch._explain_open(s dispatch.schedules) RETURNS TABLE(id bi
                      AND r.attempt - r.released >= s.max_attempts THEN 'late'
                 WHEN r.not_before IS NOT NULL AND r.kind = 'scheduled' AND r.attempt > r.released
                      AND now() >= dispatch._explain_next(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
+                -- due, but its function's breaker is open: held, unless it goes as the probe
+                WHEN EXISTS (SELECT 1 FROM dispatch.breakers b
+                             WHERE b.project_id = s.project_id AND b.function_name = s.function_name
+                               AND b.state = 'open') THEN 'breaker'
                 ELSE 'pending' END
     FROM dispatch.runs r
     WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
@@ -3499,6 +3504,8 @@ DECLARE
     stopped text;
     computable boolean;
     head record;          -- the open run that holds the schedule (overlap skip, buffer_one)
+    brk dispatch.breakers;  -- its function's circuit breaker, if it ever failed retryably
+    held text;
     slot_run dispatch.runs;
     listening boolean;
     who text;
@@ -3538,6 +3545,10 @@ BEGIN
 
     -- The run that holds a schedule under overlap skip or buffer_one: the running one, else the
     -- first that may go (a backfill run waiting its turn holds nothing; a buffered one waits).
+    SELECT * INTO brk FROM dispatch.breakers b WHERE b.project_id = s.project_id AND b.function_name = s.function_name;
+    held := format('held by the circuit breaker of %s/%s, open since %s after %s retryable failures (%s): it goes when the breaker closes (an answer, or dispatch.reset_breaker), or as its probe, one at a time (the next at %s)',
+                   s.project_id, s.function_name, dispatch._instant(brk.opened_at), brk.failures,
+                   coalesce(brk.last_error, 'no error text'), dispatch._instant(brk.next_probe_at));
     SELECT * INTO head FROM dispatch._explain_open(s) o
     WHERE o.verdict <> 'waits_turn'
     ORDER BY o.verdict = 'buffered', o.status = 'running' DESC, o.scheduled_for, o.id LIMIT 1;
@@ -3587,6 +3598,7 @@ BEGIN
                   WHEN 'running' THEN head.claimed_at
                   WHEN 'expired' THEN head.lease_until
                   WHEN 'jitter_wait' THEN head.not_before
+                  WHEN 'breaker' THEN brk.next_probe_at
                   WHEN 'retry_wait' THEN head.not_before
                   ELSE coalesce(nullif(head.not_before, 'infinity'), head.fire_at, head.scheduled_for) END;
         detail := CASE head.verdict
@@ -3611,6 +3623,7 @@ BEGIN
                                           head.id, dispatch._instant(head.scheduled_for), head.attempt - head.released,
                                           s.max_attempts, coalesce(head.error, 'no error text'),
                                           dispatch._instant(head.not_before))
+            WHEN 'breaker' THEN format('run %s (slot %s) is %s', head.id, dispatch._instant(head.scheduled_for), held)
             WHEN 'missed' THEN format('run %s (slot %s) cannot start within misfire_grace (%s): the next claim ends it skipped',
                                       head.id, dispatch._instant(head.scheduled_for), s.misfire_grace)
             WHEN 'late' THEN format('run %s (slot %s) waited for a retry that may no longer start (the next slot came, or max_attempts is %s): the next claim ends it error',
@@ -3716,6 +3729,7 @@ BEGIN
                WHEN 'missed' THEN format('not started within misfire_grace (%s): the next claim ends it skipped',
                                          s.misfire_grace)
                WHEN 'late' THEN 'its retry may no longer start: the next claim ends it error'
+               WHEN 'breaker' THEN held
                ELSE format('due since %s: the next claim takes it%s',
                            dispatch._instant(coalesce(o.not_before, o.fire_at, o.scheduled_for)),
                            CASE WHEN o.attempt > o.released THEN format(' (attempt %s of %s)', o.attempt - o.released + 1,
@@ -3864,7 +3878,7 @@ $$;
 -- Name: FUNCTION explain(schedule_id uuid, since timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone) IS 'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, buffered, backed_off, paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots, each with the instant its jitter fires it at), run (the last five finished runs, the latest slot first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';
+COMMENT ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone) IS 'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, breaker (held by its function''s open circuit breaker), buffered, backed_off, paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots, each with the instant its jitter fires it at), run (the last five finished runs, the latest slot first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';
 
 
 --

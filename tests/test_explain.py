@@ -14,6 +14,7 @@ from psycopg.rows import dict_row
 
 from .explain_check import explain_agrees
 from .runs_kit import YEARLY, add_schedule, claim, complete, make_due, scalar
+from .test_breaker import opened, probe_due
 
 
 def explain(db: psycopg.Connection, sid: str, since: str | None = None) -> list[dict[str, Any]]:
@@ -270,7 +271,22 @@ def _allow_set_while_a_run_stands_on_the_slot(db: psycopg.Connection) -> None:
 
 def fresh(db: psycopg.Connection) -> None:
     """Nothing left of the part before (a database copied for each test costs half a second)."""
-    db.execute("TRUNCATE dispatch.runs, dispatch.audit_log, dispatch.schedules")
+    db.execute("TRUNCATE dispatch.runs, dispatch.audit_log, dispatch.schedules, dispatch.breakers")
+
+
+def _held_by_an_open_breaker(db: psycopg.Connection) -> None:
+    # five schedules of one function, each run failed once: its breaker is open, their retries
+    # due, the next probe an hour away
+    sids = opened(db)
+    for sid in sids:
+        row = state(db, sid)
+        assert row["item"] == "breaker", row
+        assert "held by the circuit breaker of proj_1/down" in row["detail"] and "503" in row["detail"]
+    explain_agrees(db)  # the claim holds them all
+    claim(db, "w", 100)
+    assert {state(db, sid)["item"] for sid in sids} == {"breaker"}
+    probe_due(db)
+    explain_agrees(db)  # one of them goes, as the probe
 
 
 def test_waiting_for_a_slot_its_jitter_or_a_listener(db: psycopg.Connection) -> None:
@@ -289,6 +305,8 @@ def test_a_run_open_busy_retrying_expired_or_missed(db: psycopg.Connection) -> N
     _allow_set_while_a_run_stands_on_the_slot(db)
     fresh(db)
     _backed_off_buffered_and_waiting_its_turn(db)
+    fresh(db)
+    _held_by_an_open_breaker(db)
 
 
 def test_stopped_and_the_slots_that_did_not_run(db: psycopg.Connection) -> None:
