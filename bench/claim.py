@@ -133,8 +133,8 @@ def main() -> None:
     with psycopg.connect(conninfo, autocommit=True) as conn:
         load_schedules(conn, args.pending)
         conn.execute(
-            "INSERT INTO dispatch.runs (schedule_id, scheduled_for)"
-            " SELECT id, now() - interval '1 minute' FROM dispatch.schedules"
+            "INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for)"
+            " SELECT id, project_id, now() - interval '1 minute' FROM dispatch.schedules"
         )
         conn.execute("VACUUM ANALYZE")
         before = claim_ms(conn)
@@ -145,9 +145,11 @@ def main() -> None:
         per_schedule = max(1, args.finished // args.pending)
         conn.execute(
             """
-            INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, attempt, worker, claimed_at,
-                                       lease_until, finished_at, http_status, duration_ms, created_at)
-            SELECT s.id, t, 'ok', 1, 'old', t, t + interval '1 minute', t + interval '1 second', 200, 9, t
+            INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, status, attempt, worker,
+                                       claimed_at, lease_until, finished_at, http_status, duration_ms,
+                                       created_at)
+            SELECT s.id, s.project_id, t, 'ok', 1, 'old', t, t + interval '1 minute', t + interval '1 second',
+                   200, 9, t
             FROM generate_series(1, %s) k
             CROSS JOIN dispatch.schedules s
             CROSS JOIN LATERAL (SELECT now() - interval '1 hour' - k * interval '5 minutes') x(t)

@@ -59,7 +59,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # The schema this listener is written for: dispatch.migrations must reach this version.
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 # Liveness defaults for every connection (libpq parameters; a URL that sets one wins): an idle
 # connection whose peer vanished is probed after 5 s and given up after 3 more probes 2 s apart,
 # data unacknowledged for 10 s fails the connection, and a connect attempt gives up after 5 s.

@@ -390,8 +390,9 @@ def _schedules_with_history(db: psycopg.Connection) -> None:
     """3,000 schedules that are not due, with 15,000 finished runs."""
     db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
                " SELECT 'p', 'f', '0 0 1 1 *' FROM generate_series(1, 3000)")
-    db.execute("INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, attempt, finished_at)"
-               " SELECT s.id, now() - k * interval '1 day', 'ok', 1, now()"
+    db.execute("INSERT INTO dispatch.runs"
+               " (schedule_id, project_id, scheduled_for, status, attempt, finished_at)"
+               " SELECT s.id, s.project_id, now() - k * interval '1 day', 'ok', 1, now()"
                " FROM dispatch.schedules s CROSS JOIN generate_series(1, 5) k")
 
 
