@@ -297,6 +297,10 @@ RETURNS uuid[]
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- project order comes from the per-project indexes, never from a sort of what is due (see below)
+SET enable_sort = off
+-- (what a disabled sort adds to a plan's cost would otherwise have it compiled: 0.3 s a claim)
+SET jit = off
 AS $$
 DECLARE
     projects text[];
@@ -320,8 +324,19 @@ BEGIN
     SELECT array_agg(d.project_id) INTO projects
     FROM (SELECT w.project_id FROM walk w
           WHERE w.project_id IS NOT NULL
-            AND EXISTS (SELECT 1 FROM dispatch.schedules s
-                        WHERE s.project_id = w.project_id AND s.next_run_at <= horizon)
+            -- Its first due schedule in schedules_project_next_run_at_idx, not yet marked: one
+            -- probe (a scalar subquery: never a scan of everything due hashed against the
+            -- projects; the row comparison: see below). A project whose first due schedules a
+            -- chunk marked already is left to the rest of the chunk: heads for it would walk past
+            -- every schedule marked before (its marked ones are the first of its range: marking
+            -- leaves a schedule's row where it is), and it has had its turn.
+            AND (SELECT NOT EXISTS (SELECT 1 FROM dispatch.runs x
+                                    WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at)
+                 FROM dispatch.schedules s
+                 WHERE s.project_id = w.project_id AND s.next_run_at IS NOT NULL
+                   AND (s.project_id, s.next_run_at) <= (w.project_id, horizon)
+                 ORDER BY s.project_id, s.next_run_at
+                 LIMIT 1)
           LIMIT greatest(max_runs / 2, 1)) d;
     IF coalesce(cardinality(projects), 0) < 2 THEN
         RETURN NULL;
@@ -331,15 +346,20 @@ BEGIN
         SELECT h.id
         FROM unnest(projects) AS p(project_id)
         CROSS JOIN LATERAL (
+            -- The range of the project in schedules_project_next_run_at_idx, said as a row
+            -- comparison that only that index can take: statistics taken before the instant say
+            -- that nothing is due, and a plan made on them walked every due schedule of every
+            -- project in next_run_at order for each project (0.4 s a chunk for 50,000 due).
             SELECT s.id FROM dispatch.schedules s
-            WHERE s.project_id = p.project_id AND s.next_run_at <= horizon
+            WHERE s.project_id = p.project_id AND s.next_run_at IS NOT NULL
+              AND (s.project_id, s.next_run_at) <= (p.project_id, horizon)
               AND s.overlap <> 'allow' AND s.backoff_reason IS NULL
               AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
               AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
                               WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running'))
               AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
                               WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at)
-            ORDER BY s.next_run_at
+            ORDER BY s.project_id, s.next_run_at
             LIMIT per_project
             FOR NO KEY UPDATE OF s SKIP LOCKED) h);
 END
