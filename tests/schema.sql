@@ -2581,6 +2581,10 @@ BEGIN
     IF claim_runs.max_runs = 0 THEN
         RETURN;
     END IF;
+    -- The lock a claim takes on runs (what FOR UPDATE takes), before it looks: behind a
+    -- transaction that holds the table (a migration, LOCK TABLE … EXCLUSIVE), the claim waits,
+    -- then sees what that transaction committed, as one statement claiming with FOR UPDATE did.
+    LOCK TABLE dispatch.runs IN ROW SHARE MODE;
 
     -- Fair between projects. The projects with runs to claim, round-robin: from the one after
     -- the last this session served (a session setting: no shared row, nothing to contend on),
