@@ -51,8 +51,9 @@ def claim_ms(conn: psycopg.Connection, repeat: int = 200) -> float:
 
 def claim_plan(conn: psycopg.Connection) -> str:
     plan = conn.execute(
-        "EXPLAIN SELECT r.id FROM dispatch.runs r WHERE r.status = 'pending' AND r.not_before IS NULL"
-        " ORDER BY r.scheduled_for, r.id LIMIT 100 FOR UPDATE SKIP LOCKED"
+        "EXPLAIN SELECT r.id FROM dispatch.runs r WHERE r.project_id = 'bench' AND r.status = 'pending'"
+        " AND r.not_before IS NULL ORDER BY r.project_id, r.scheduled_for, r.id LIMIT 100"
+        " FOR UPDATE SKIP LOCKED"
     ).fetchall()
     return next((line for (line,) in plan if "Index" in line), "no index used").strip()
 

@@ -955,11 +955,10 @@ BEGIN
         RETURN NULL;
     END IF;
     WITH RECURSIVE walk(project_id, step) AS (
-        SELECT (SELECT s.project_id FROM dispatch.schedules s WHERE s.next_run_at IS NOT NULL
-                ORDER BY s.project_id LIMIT 1), 1
+        SELECT (SELECT s.project_id FROM dispatch.schedules s ORDER BY s.project_id LIMIT 1), 1
         UNION ALL
         SELECT (SELECT s.project_id FROM dispatch.schedules s
-                WHERE s.next_run_at IS NOT NULL AND s.project_id > w.project_id
+                WHERE s.project_id > w.project_id
                 ORDER BY s.project_id LIMIT 1), w.step + 1
         FROM walk w
         WHERE w.project_id IS NOT NULL AND w.step < max_runs
@@ -976,7 +975,7 @@ BEGIN
             AND (SELECT NOT EXISTS (SELECT 1 FROM dispatch.runs x
                                     WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at)
                  FROM dispatch.schedules s
-                 WHERE s.project_id = w.project_id AND s.next_run_at IS NOT NULL
+                 WHERE s.project_id = w.project_id
                    AND (s.project_id, s.next_run_at) <= (w.project_id, horizon)
                  ORDER BY s.project_id, s.next_run_at
                  LIMIT 1)
@@ -994,7 +993,7 @@ BEGIN
             -- that nothing is due, and a plan made on them walked every due schedule of every
             -- project in next_run_at order for each project (0.4 s a chunk for 50,000 due).
             SELECT s.id FROM dispatch.schedules s
-            WHERE s.project_id = p.project_id AND s.next_run_at IS NOT NULL
+            WHERE s.project_id = p.project_id
               AND (s.project_id, s.next_run_at) <= (p.project_id, horizon)
               AND s.overlap <> 'allow' AND s.backoff_reason IS NULL
               AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
@@ -2613,8 +2612,8 @@ BEGIN
                           WHEN u.project_id = ANY (held)
                           THEN least(claim_runs.max_runs,
                                      greatest(pr.max_concurrency
-                                              - (SELECT count(*) FROM dispatch.runs x
-                                                 WHERE x.project_id = u.project_id AND x.status = 'running'), 0))
+                                              - (SELECT count(*) FROM dispatch.runs x  -- runs_running_lease_idx
+                                                 WHERE x.status = 'running' AND x.project_id = u.project_id), 0))
                           ELSE 0 END ORDER BY u.n),
            array_agg(true)
     INTO weights, allow, eligible
@@ -4273,13 +4272,6 @@ CREATE INDEX runs_open_idx ON dispatch.runs USING btree (schedule_id) WHERE (sta
 
 
 --
--- Name: runs_pending_idx; Type: INDEX; Schema: dispatch; Owner: -
---
-
-CREATE INDEX runs_pending_idx ON dispatch.runs USING btree (scheduled_for, id) WHERE ((status = 'pending'::text) AND (not_before IS NULL));
-
-
---
 -- Name: runs_project_not_before_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
@@ -4291,13 +4283,6 @@ CREATE INDEX runs_project_not_before_idx ON dispatch.runs USING btree (project_i
 --
 
 CREATE INDEX runs_project_pending_idx ON dispatch.runs USING btree (project_id, scheduled_for, id) WHERE ((status = 'pending'::text) AND (not_before IS NULL));
-
-
---
--- Name: runs_project_running_idx; Type: INDEX; Schema: dispatch; Owner: -
---
-
-CREATE INDEX runs_project_running_idx ON dispatch.runs USING btree (project_id) WHERE (status = 'running'::text);
 
 
 --
@@ -4315,17 +4300,10 @@ CREATE INDEX schedules_next_run_at_idx ON dispatch.schedules USING btree (next_r
 
 
 --
--- Name: schedules_project_id_idx; Type: INDEX; Schema: dispatch; Owner: -
---
-
-CREATE INDEX schedules_project_id_idx ON dispatch.schedules USING btree (project_id);
-
-
---
 -- Name: schedules_project_next_run_at_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
-CREATE INDEX schedules_project_next_run_at_idx ON dispatch.schedules USING btree (project_id, next_run_at) WHERE ((next_run_at IS NOT NULL) AND (project_id IS NOT NULL));
+CREATE INDEX schedules_project_next_run_at_idx ON dispatch.schedules USING btree (project_id, next_run_at);
 
 
 --

@@ -374,11 +374,12 @@ def test_claiming_pending_runs_uses_the_pending_index(db: psycopg.Connection) ->
     plan = "\n".join(
         r[0]
         for r in db.execute(
-            "EXPLAIN SELECT r.id FROM dispatch.runs r WHERE r.status = 'pending' AND r.not_before IS NULL"
-            " ORDER BY r.scheduled_for, r.id LIMIT 10 FOR UPDATE SKIP LOCKED"
+            "EXPLAIN SELECT r.id FROM dispatch.runs r WHERE r.project_id = 'p' AND r.status = 'pending'"
+            " AND r.not_before IS NULL ORDER BY r.project_id, r.scheduled_for, r.id LIMIT 10"
+            " FOR UPDATE SKIP LOCKED"
         ).fetchall()
     )
-    assert "runs_pending_idx" in plan
+    assert "runs_project_pending_idx" in plan
     due = "\n".join(
         r[0]
         for r in db.execute("EXPLAIN SELECT id FROM dispatch.schedules WHERE next_run_at <= now()").fetchall()

@@ -312,11 +312,10 @@ BEGIN
         RETURN NULL;
     END IF;
     WITH RECURSIVE walk(project_id, step) AS (
-        SELECT (SELECT s.project_id FROM dispatch.schedules s WHERE s.next_run_at IS NOT NULL
-                ORDER BY s.project_id LIMIT 1), 1
+        SELECT (SELECT s.project_id FROM dispatch.schedules s ORDER BY s.project_id LIMIT 1), 1
         UNION ALL
         SELECT (SELECT s.project_id FROM dispatch.schedules s
-                WHERE s.next_run_at IS NOT NULL AND s.project_id > w.project_id
+                WHERE s.project_id > w.project_id
                 ORDER BY s.project_id LIMIT 1), w.step + 1
         FROM walk w
         WHERE w.project_id IS NOT NULL AND w.step < max_runs
@@ -333,7 +332,7 @@ BEGIN
             AND (SELECT NOT EXISTS (SELECT 1 FROM dispatch.runs x
                                     WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at)
                  FROM dispatch.schedules s
-                 WHERE s.project_id = w.project_id AND s.next_run_at IS NOT NULL
+                 WHERE s.project_id = w.project_id
                    AND (s.project_id, s.next_run_at) <= (w.project_id, horizon)
                  ORDER BY s.project_id, s.next_run_at
                  LIMIT 1)
@@ -351,7 +350,7 @@ BEGIN
             -- that nothing is due, and a plan made on them walked every due schedule of every
             -- project in next_run_at order for each project (0.4 s a chunk for 50,000 due).
             SELECT s.id FROM dispatch.schedules s
-            WHERE s.project_id = p.project_id AND s.next_run_at IS NOT NULL
+            WHERE s.project_id = p.project_id
               AND (s.project_id, s.next_run_at) <= (p.project_id, horizon)
               AND s.overlap <> 'allow' AND s.backoff_reason IS NULL
               AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)

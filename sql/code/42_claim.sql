@@ -260,8 +260,8 @@ BEGIN
                           WHEN u.project_id = ANY (held)
                           THEN least(claim_runs.max_runs,
                                      greatest(pr.max_concurrency
-                                              - (SELECT count(*) FROM dispatch.runs x
-                                                 WHERE x.project_id = u.project_id AND x.status = 'running'), 0))
+                                              - (SELECT count(*) FROM dispatch.runs x  -- runs_running_lease_idx
+                                                 WHERE x.status = 'running' AND x.project_id = u.project_id), 0))
                           ELSE 0 END ORDER BY u.n),
            array_agg(true)
     INTO weights, allow, eligible

@@ -24,17 +24,21 @@ ALTER TABLE dispatch.runs ALTER COLUMN project_id SET NOT NULL;
 COMMENT ON COLUMN dispatch.runs.project_id IS
     'The schedule''s project_id when the run was marked; an open run (pending, running) follows a change of the schedule''s project_id.';
 
--- The two claim queues per project, and the running runs per project (max_concurrency).
+-- The two claim queues per project. Claims read pending runs only through these now, so the
+-- global slot queue goes: the hot path keeps as many indexes as before (a run with no
+-- not_before is in one pending index, not two). The global not_before queue stays (the tick
+-- asks whether any retry is due, next_due_after when the first one is). The running runs of a
+-- project (max_concurrency) are counted through runs_running_lease_idx: they are at most what
+-- the listeners' concurrency allows, not worth an index that every claim writes to.
 CREATE INDEX runs_project_pending_idx ON dispatch.runs (project_id, scheduled_for, id)
     WHERE status = 'pending' AND not_before IS NULL;
 CREATE INDEX runs_project_not_before_idx ON dispatch.runs (project_id, not_before, id)
     WHERE status = 'pending' AND not_before IS NOT NULL;
-CREATE INDEX runs_project_running_idx ON dispatch.runs (project_id) WHERE status = 'running';
+DROP INDEX dispatch.runs_pending_idx;
 
 -- The due schedules per project: each chunk of the tick marks every project's first due
--- schedules before anyone's thousandth.
--- (project_id IS NOT NULL, always true, keeps it out of the plans of queries on next_run_at
--- alone, which schedules_next_run_at_idx serves: the planner uses a partial index only for a
--- query whose conditions imply its predicate, and a condition on project_id is what does.)
-CREATE INDEX schedules_project_next_run_at_idx ON dispatch.schedules (project_id, next_run_at)
-    WHERE next_run_at IS NOT NULL AND project_id IS NOT NULL;
+-- schedules before anyone's thousandth. It serves what the index on project_id alone did (the
+-- CLI's and a DBA's queries by project), which it replaces: a schedule's write keeps its
+-- number of index entries.
+CREATE INDEX schedules_project_next_run_at_idx ON dispatch.schedules (project_id, next_run_at);
+DROP INDEX dispatch.schedules_project_id_idx;
