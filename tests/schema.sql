@@ -2551,6 +2551,7 @@ DECLARE
     late_ids bigint[];
     stale_ids bigint[];
     taken integer := 0;
+    got integer;
     pass integer;
     served integer;
     last_served integer;
@@ -2607,6 +2608,11 @@ BEGIN
               ORDER BY p.project_id FOR NO KEY UPDATE SKIP LOCKED) l;
     END IF;
     -- each project's weight, and how many of its runs this claim may take (allowance)
+    IF cardinality(projects) = 1 AND capped IS NULL THEN  -- one project, uncapped: its weight is moot
+        weights := ARRAY[1];
+        allow := ARRAY[claim_runs.max_runs];
+        eligible := ARRAY[true];
+    ELSE
     SELECT array_agg(coalesce(pr.weight, 1) ORDER BY u.n),
            array_agg(CASE WHEN pr.max_concurrency IS NULL THEN claim_runs.max_runs
                           WHEN u.project_id = ANY (held)
@@ -2619,6 +2625,7 @@ BEGIN
     INTO weights, allow, eligible
     FROM unnest(projects) WITH ORDINALITY AS u(project_id, n)
     LEFT JOIN dispatch.projects pr ON pr.project_id = u.project_id;
+    END IF;
 
     -- Each pass shares what is still wanted between the projects by weight
     -- (dispatch._claim_quotas) and locks each project's first runs up to its quota, runs whose
@@ -2692,13 +2699,20 @@ BEGIN
         END IF;
 
         -- what each project got: its allowance goes down; one that filled its quota may have more
+        got := coalesce(cardinality(first_ids), 0) + coalesce(cardinality(slot_ids), 0);
+        IF cardinality(projects) = 1 THEN
+            allow := ARRAY[greatest(allow[1] - got, 0)];
+            eligible := ARRAY[got = quotas[1]];
+            served := CASE WHEN got > 0 THEN 1 ELSE served END;
+        ELSE
         SELECT array_agg(greatest(x.a - x.got, 0) ORDER BY x.n), array_agg(x.q > 0 AND x.got = x.q ORDER BY x.n),
                max(x.n) FILTER (WHERE x.got > 0)
         INTO allow, eligible, last_served
         FROM (SELECT u.n, u.a, u.q, coalesce(cardinality(array_positions(first_of || slot_of, u.n::integer)), 0) AS got
               FROM unnest(allow, quotas) WITH ORDINALITY AS u(a, q, n)) x;
         served := greatest(served, last_served);
-        taken := taken + coalesce(cardinality(first_ids), 0) + coalesce(cardinality(slot_ids), 0);
+        END IF;
+        taken := taken + got;
         EXIT WHEN taken >= claim_runs.max_runs;
     END LOOP;
 
