@@ -100,7 +100,7 @@ class Profile:
 
 
 PROFILES = {
-    "quick": Profile(schedules=300, minutes=40, minute_s=1.0, burst=300, burst_cap=48),
+    "quick": Profile(schedules=300, minutes=40, minute_s=1.0, burst=150, burst_cap=24),
     "full": Profile(schedules=2000, minutes=120, minute_s=6.0, kills=24, terminates=12, restarts_fast=3,
                     restarts_immediate=1, sink_windows=4, sink_downs=3, drain_s=300.0, burst=2000,
                     burst_cap=64),
