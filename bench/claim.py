@@ -53,8 +53,9 @@ def claim_ms(conn: psycopg.Connection, repeat: int = 200) -> float:
 
 def claim_plan(conn: psycopg.Connection) -> str:
     plan = conn.execute(
-        "EXPLAIN SELECT r.id FROM dispatch.runs r WHERE r.status = 'pending' AND r.not_before IS NULL"
-        " ORDER BY r.scheduled_for, r.id LIMIT 100 FOR UPDATE SKIP LOCKED"
+        "EXPLAIN SELECT r.id FROM dispatch.runs r WHERE r.project_id = 'bench' AND r.status = 'pending'"
+        " AND r.not_before IS NULL ORDER BY r.project_id, r.scheduled_for, r.id LIMIT 100"
+        " FOR UPDATE SKIP LOCKED"
     ).fetchall()
     return next((line for (line,) in plan if "Index" in line), "no index used").strip()
 
@@ -155,8 +156,8 @@ def main() -> None:
     with psycopg.connect(conninfo, autocommit=True) as conn:
         load_schedules(conn, args.pending)
         conn.execute(
-            "INSERT INTO dispatch.runs (schedule_id, scheduled_for)"
-            " SELECT id, now() - interval '1 minute' FROM dispatch.schedules"
+            "INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for)"
+            " SELECT id, project_id, now() - interval '1 minute' FROM dispatch.schedules"
         )
         conn.execute("VACUUM ANALYZE")
         before = claim_ms(conn)
@@ -167,9 +168,11 @@ def main() -> None:
         per_schedule = max(1, args.finished // args.pending)
         conn.execute(
             """
-            INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, attempt, worker, claimed_at,
-                                       lease_until, finished_at, http_status, duration_ms, created_at)
-            SELECT s.id, t, 'ok', 1, 'old', t, t + interval '1 minute', t + interval '1 second', 200, 9, t
+            INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, status, attempt, worker,
+                                       claimed_at, lease_until, finished_at, http_status, duration_ms,
+                                       created_at)
+            SELECT s.id, s.project_id, t, 'ok', 1, 'old', t, t + interval '1 minute', t + interval '1 second',
+                   200, 9, t
             FROM generate_series(1, %s) k
             CROSS JOIN dispatch.schedules s
             CROSS JOIN LATERAL (SELECT now() - interval '1 hour' - k * interval '5 minutes') x(t)

@@ -47,9 +47,9 @@ AS $$
         LIMIT max_runs
         FOR NO KEY UPDATE OF s SKIP LOCKED
     ), started AS (
-        INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, status, worker, claimed_at,
-                                   lease_until, attempt)
-        SELECT d.id, d.next_run_at, d.next_run_at, 'running', worker, now(), now() + lease, 1
+        INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, status, worker,
+                                   claimed_at, lease_until, attempt)
+        SELECT d.id, d.project_id, d.next_run_at, d.next_run_at, 'running', worker, now(), now() + lease, 1
         FROM due d
         RETURNING id, schedule_id, request_id, scheduled_for, attempt, lease_until, fire_at
     )

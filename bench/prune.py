@@ -52,10 +52,11 @@ def load(conn: psycopg.Connection, backlog: int) -> None:
                            " VALUES ('p', 'fn', '0 0 1 1 *') RETURNING id").fetchone()
     assert sid is not None
     conn.execute(
-        "INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, created_at, finished_at, attempt)"
-        " SELECT %s, now() - interval '30 days' + g * interval '1 second', 'ok',"
+        "INSERT INTO dispatch.runs"
+        " (schedule_id, project_id, scheduled_for, status, created_at, finished_at, attempt)"
+        " SELECT s.id, s.project_id, now() - interval '30 days' + g * interval '1 second', 'ok',"
         "        now() - interval '20 days', now() - interval '20 days', 1"
-        " FROM generate_series(1, %s) g", (sid[0], backlog))
+        " FROM generate_series(1, %s) g, dispatch.schedules s WHERE s.id = %s", (backlog, sid[0]))
     conn.execute(
         "INSERT INTO dispatch.audit_log (at, action) SELECT now() - interval '100 days', 'schedule.run.ok'"
         " FROM generate_series(1, %s)", (backlog,))

@@ -104,6 +104,10 @@ class Profile:
     manager: str = ""
     synchronous: bool = True  # pg_auto_failover: the standby in the write quorum
     tuned: bool = True  # pg_auto_failover: the monitor's health checks tuned (chaos.formation)
+    # A tenant burst beside the small tenants p0..p9: project 'burst' with this many schedules
+    # more, capped at burst_cap running runs (dispatch.projects.max_concurrency; 0: no row).
+    burst: int = 0
+    burst_cap: int = 0
 
 
 _AUTO = Profile(schedules=100, minutes=30, minute_s=2.0, listeners=2, timeout_s=30.0, lease_s=60.0,
@@ -111,9 +115,10 @@ _AUTO = Profile(schedules=100, minutes=30, minute_s=2.0, listeners=2, timeout_s=
                 failovers=1, resume_goal_s=10.0, manager="pg_auto_failover")
 
 PROFILES = {
-    "quick": Profile(schedules=300, minutes=40, minute_s=1.0),
+    "quick": Profile(schedules=300, minutes=40, minute_s=1.0, burst=150, burst_cap=24),
     "full": Profile(schedules=2000, minutes=120, minute_s=6.0, kills=24, terminates=12, restarts_fast=3,
-                    restarts_immediate=1, sink_windows=4, sink_downs=3, drain_s=300.0),
+                    restarts_immediate=1, sink_windows=4, sink_downs=3, drain_s=300.0, burst=2000,
+                    burst_cap=64),
     # The failover drill: nothing but two failovers under load; the figure that matters is how
     # soon outcomes are recorded on the new primary (goal 10 s), besides the invariants.
     "failover": Profile(schedules=600, minutes=40, minute_s=3.0, kills=0, terminates=0, restarts_fast=0,
@@ -392,6 +397,19 @@ class Harness:
                 "        (ARRAY['skip', 'skip', 'allow', 'buffer_one'])[i %% 4 + 1],"
                 "        '200 milliseconds', '2 seconds'"
                 " FROM generate_series(1, %s) i", (p.schedules,))
+            # the tenant burst: one project with as many schedules again, the same policies
+            conn.execute(
+                "INSERT INTO dispatch.schedules"
+                " (project_id, function_name, cron_expression, args, max_attempts, catchup, misfire_grace,"
+                "  overlap, retry_backoff, retry_backoff_max)"
+                " SELECT 'burst', CASE WHEN i %% 4 = 1 THEN 'flaky' ELSE 'f' END, '* * * * *',"
+                "        jsonb_build_object('i', -i), 10, 'all', '1 day',"
+                "        (ARRAY['skip', 'skip', 'allow', 'buffer_one'])[i %% 4 + 1],"
+                "        '200 milliseconds', '2 seconds'"
+                " FROM generate_series(1, %s) i", (p.burst,))
+            if p.burst_cap:
+                conn.execute("INSERT INTO dispatch.projects (project_id, max_concurrency)"
+                             " VALUES ('burst', %s)", (p.burst_cap,))
             conn.execute(
                 "INSERT INTO chaos.params (base, last_slot, minutes, lease_s)"
                 " SELECT b, b + make_interval(mins => %s), %s, %s"
@@ -870,7 +888,8 @@ def run_chaos(profile: Profile, *, folder: Path, seed: int, keep: bool = False) 
     try:
         harness.setup()
         _log(f"cluster on port {harness.cluster.port}, sink on {harness.sink.port}, seed {seed}, "
-             f"{profile.schedules} schedules x {profile.minutes + 1} minutes")
+             f"{profile.schedules} schedules and a tenant burst of {profile.burst} (capped at"
+             f" {profile.burst_cap or 'none'}) x {profile.minutes + 1} minutes")
         harness.drive()
         problems = harness.stop_listeners()
         harness.sink.stop()

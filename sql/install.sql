@@ -71,6 +71,9 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \set version 19
 \set name 0019_recorded_gaps
 \ir apply_migration.psql
+\set version 20
+\set name 0020_projects
+\ir apply_migration.psql
 \set version 21
 \set name 0021_breakers
 \ir apply_migration.psql

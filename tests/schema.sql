@@ -85,6 +85,7 @@ CREATE TABLE dispatch.runs (
     kind text DEFAULT 'scheduled'::text NOT NULL,
     fire_at timestamp with time zone,
     released integer DEFAULT 0 NOT NULL,
+    project_id text NOT NULL,
     held_by_breaker boolean DEFAULT false NOT NULL,
     CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT runs_error_length_check CHECK ((length(error) <= 500)),
@@ -188,6 +189,13 @@ COMMENT ON COLUMN dispatch.runs.fire_at IS 'When the run is invoked: scheduled_f
 --
 
 COMMENT ON COLUMN dispatch.runs.released IS 'Claims of this run that dispatch.release_runs handed back before invoking it. attempt counts every claim (the fencing token only grows); attempt - released is the number of invocations that went out.';
+
+
+--
+-- Name: COLUMN runs.project_id; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.project_id IS 'The schedule''s project_id when the run was marked; an open run (pending, running) follows a change of the schedule''s project_id.';
 
 
 --
@@ -745,6 +753,87 @@ $$;
 
 
 --
+-- Name: _claim_quotas(integer, integer[], integer[], boolean[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._claim_quotas(need integer, weights integer[], allow integer[], eligible boolean[]) RETURNS integer[]
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN (WITH p AS (
+        SELECT x.n, x.w, x.a, x.e FROM unnest(weights, allow, eligible) WITH ORDINALITY AS x(w, a, e, n)
+    ), t AS (
+        SELECT sum(p.w) AS total FROM p WHERE p.e AND p.a > 0
+    ), b AS (
+        SELECT p.n, p.a, p.e AND p.a > 0 AS e,
+               CASE WHEN p.e AND p.a > 0 THEN floor(need::numeric * p.w / t.total)::integer ELSE 0 END AS base,
+               count(*) FILTER (WHERE p.e AND p.a > 0) OVER (ORDER BY p.n) AS pos
+        FROM p CROSS JOIN t
+    )
+    SELECT array_agg(least(b.a, b.base + CASE WHEN b.e AND b.pos <= need - (SELECT sum(base) FROM b) THEN 1 ELSE 0 END)
+                     ORDER BY b.n)
+    FROM b);
+END
+$$;
+
+
+--
+-- Name: FUNCTION _claim_quotas(need integer, weights integer[], allow integer[], eligible boolean[]); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch._claim_quotas(need integer, weights integer[], allow integer[], eligible boolean[]) IS 'Arithmetic of dispatch.claim_runs: need split by weight among the eligible projects with allowance left (floor of each share, the remainder one each in order), each capped by its allowance.';
+
+
+--
+-- Name: _claimable_projects(text, integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._claimable_projects(after text, n integer) RETURNS text[]
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_sort TO 'off'
+    SET jit TO 'off'
+    AS $$
+BEGIN
+    RETURN (WITH RECURSIVE walk(project_id, step, lap) AS (
+        SELECT coalesce(after, ''), 0, 1
+        UNION ALL
+        SELECT coalesce(nx.project_id, CASE WHEN w.lap = 1 AND coalesce(after, '') <> '' THEN '' END),
+               w.step + CASE WHEN nx.project_id IS NULL THEN 0 ELSE 1 END,
+               w.lap + CASE WHEN nx.project_id IS NULL THEN 1 ELSE 0 END
+        FROM walk w
+        CROSS JOIN LATERAL (
+            SELECT least((SELECT r.project_id FROM dispatch.runs r
+                          WHERE r.status = 'pending' AND r.not_before IS NULL AND r.project_id > w.project_id
+                          ORDER BY r.project_id LIMIT 1),
+                         (SELECT r.project_id FROM dispatch.runs r
+                          WHERE r.status = 'pending' AND r.not_before IS NOT NULL AND r.not_before <= now()
+                            AND r.project_id > w.project_id
+                          ORDER BY r.project_id LIMIT 1)) AS project_id
+            OFFSET 0  -- once a step, not once for each place that reads it
+        ) nx
+        WHERE w.project_id IS NOT NULL AND w.step < n
+          -- the second lap ends where the first began
+          AND NOT (w.lap = 2 AND w.step > 0 AND w.project_id >= coalesce(after, ''))
+    )
+    SELECT array_agg(w.project_id ORDER BY w.step)
+    FROM (SELECT DISTINCT ON (step) project_id, step FROM walk
+          WHERE step > 0 AND project_id IS NOT NULL AND project_id <> ''
+          ORDER BY step, lap) w
+    WHERE w.step <= n);
+END
+$$;
+
+
+--
+-- Name: FUNCTION _claimable_projects(after text, n integer); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch._claimable_projects(after text, n integer) IS 'The projects with runs a claim may take now (pending, not_before NULL or over), at most n, in project_id order starting after "after" and wrapping around (a loose index scan: two index descents a project).';
+
+
+--
 -- Name: breakers; Type: TABLE; Schema: dispatch; Owner: -
 --
 
@@ -1067,6 +1156,86 @@ BEGIN
     RETURN NULL;
 END
 $_$;
+
+
+--
+-- Name: _due_heads(timestamp with time zone, integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._due_heads(horizon timestamp with time zone, max_runs integer) RETURNS uuid[]
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_sort TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    projects text[];
+    per_project integer;
+BEGIN
+    -- cheap guard: the chunk takes all that is due (counting due entries, at most max_runs + 1)
+    IF (SELECT count(*) FROM (SELECT 1 FROM dispatch.schedules s WHERE s.next_run_at <= horizon
+                              LIMIT max_runs + 1) c) <= max_runs THEN
+        RETURN NULL;
+    END IF;
+    WITH RECURSIVE walk(project_id, step) AS (
+        SELECT (SELECT s.project_id FROM dispatch.schedules s ORDER BY s.project_id LIMIT 1), 1
+        UNION ALL
+        SELECT (SELECT s.project_id FROM dispatch.schedules s
+                WHERE s.project_id > w.project_id
+                ORDER BY s.project_id LIMIT 1), w.step + 1
+        FROM walk w
+        WHERE w.project_id IS NOT NULL AND w.step < max_runs
+    )
+    SELECT array_agg(d.project_id) INTO projects
+    FROM (SELECT w.project_id FROM walk w
+          WHERE w.project_id IS NOT NULL
+            -- Its first due schedule in schedules_project_next_run_at_idx, not yet marked: one
+            -- probe (a scalar subquery: never a scan of everything due hashed against the
+            -- projects; the row comparison: see below). A project whose first due schedules a
+            -- chunk marked already is left to the rest of the chunk: heads for it would walk past
+            -- every schedule marked before (its marked ones are the first of its range: marking
+            -- leaves a schedule's row where it is), and it has had its turn.
+            AND (SELECT NOT EXISTS (SELECT 1 FROM dispatch.runs x
+                                    WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at)
+                 FROM dispatch.schedules s
+                 WHERE s.project_id = w.project_id
+                   AND (s.project_id, s.next_run_at) <= (w.project_id, horizon)
+                 ORDER BY s.project_id, s.next_run_at
+                 LIMIT 1)
+          LIMIT greatest(max_runs / 2, 1)) d;
+    IF coalesce(cardinality(projects), 0) < 2 THEN
+        RETURN NULL;
+    END IF;
+    per_project := greatest(max_runs / 2 / cardinality(projects), 1);
+    RETURN ARRAY(
+        SELECT h.id
+        FROM unnest(projects) AS p(project_id)
+        CROSS JOIN LATERAL (
+            -- The range of the project in schedules_project_next_run_at_idx, said as a row
+            -- comparison that only that index can take: statistics taken before the instant say
+            -- that nothing is due, and a plan made on them walked every due schedule of every
+            -- project in next_run_at order for each project (0.4 s a chunk for 50,000 due).
+            SELECT s.id FROM dispatch.schedules s
+            WHERE s.project_id = p.project_id
+              AND (s.project_id, s.next_run_at) <= (p.project_id, horizon)
+              AND s.overlap <> 'allow' AND s.backoff_reason IS NULL
+              AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
+              AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
+                              WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running'))
+              AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
+                              WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at)
+            ORDER BY s.project_id, s.next_run_at
+            LIMIT per_project
+            FOR NO KEY UPDATE OF s SKIP LOCKED) h);
+END
+$$;
+
+
+--
+-- Name: FUNCTION _due_heads(horizon timestamp with time zone, max_runs integer); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch._due_heads(horizon timestamp with time zone, max_runs integer) IS 'For a chunk of the tick (dispatch.tick_chunk) behind which more is due: each project''s first due schedules of the plain kind (no run policy to decide), locked SKIP LOCKED, at most half of max_runs in all, split between the projects with due schedules; NULL when the chunk takes all that is due or only one project is due. The caller marks them first.';
 
 
 --
@@ -1531,6 +1700,11 @@ DECLARE
     changed_since uuid[];
     sid uuid;
     moved boolean := false;
+    heads uuid[];
+    more_policy uuid[];
+    pass integer;
+    got integer;
+    found_marked integer;
 BEGIN
     PERFORM dispatch._require_read_committed('dispatch.tick');
     -- Statistics that say runs is all but empty while it holds tens of thousands: what an
@@ -1558,7 +1732,24 @@ BEGIN
     -- snapshot is taken after every lock was granted, so it sees the run of whoever held the
     -- schedule before, and the check and the insert are one decision under the lock. (A tick
     -- at REPEATABLE READ keeps its first snapshot: refused, see _require_read_committed.)
+    marked := 0;
+    taken := 0;
+    -- A chunk behind which more is due takes each project's first due schedules first
+    -- (dispatch._due_heads), so that one project's burst does not hold everyone else's slot until
+    -- the last chunk; then the rest, in next_run_at order (pass 2). Each pass locks, then decides
+    -- (the second statement below, shared).
+    IF max_runs IS NOT NULL THEN
+        heads := dispatch._due_heads(horizon, max_runs);
+    END IF;
     BEGIN
+      FOR pass IN 1..2 LOOP
+        IF pass = 1 THEN
+            IF heads IS NULL THEN
+                CONTINUE;
+            END IF;
+            plain_ids := heads;
+            got := cardinality(heads);
+        ELSE
         WITH due AS MATERIALIZED (
             SELECT s.id, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
                    s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
@@ -1581,16 +1772,19 @@ BEGIN
               AND (max_runs IS NULL
                    OR (s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
                        AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)))
-            LIMIT max_runs  -- NULL: all
+            LIMIT max_runs - taken  -- NULL: all
             FOR NO KEY UPDATE OF s SKIP LOCKED
         )
         SELECT count(*), array_agg(d.id) FILTER (WHERE d.plain), array_agg(d.id) FILTER (WHERE NOT d.plain)
-        INTO taken, plain_ids, by_policy
+        INTO got, plain_ids, more_policy
         FROM due d;
+        by_policy := by_policy || more_policy;
+        END IF;
+        taken := taken + got;
 
         WITH checked AS MATERIALIZED (
             -- still nothing of the schedule open, nor a run on its slot, as committed now
-            SELECT s.id, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
+            SELECT s.id, s.project_id, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
                    NOT EXISTS (SELECT 1 FROM dispatch.runs x
                                WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
                                  AND NOT dispatch._waits_its_turn(x))
@@ -1603,7 +1797,7 @@ BEGIN
             -- interval slots every_us, so none was missed) or under catchup all (the oldest
             -- first); under catchup latest, the most recent slot due, the missed ones coalesced
             -- into it.
-            SELECT d.id, d.next_run_at AS due_at,
+            SELECT d.id, d.project_id, d.next_run_at AS due_at,
                    CASE WHEN horizon - d.next_run_at < coalesce((d.cron_spec).every_us * interval '1 microsecond',
                                                                 interval '1 minute')
                              OR d.catchup = 'all' THEN d.next_run_at
@@ -1614,15 +1808,16 @@ BEGIN
                    d.jitter
             FROM checked d WHERE d.plain
         ), fire AS (
-            SELECT x.id, x.scheduled_for,
+            SELECT x.id, x.project_id, x.scheduled_for,
                    x.scheduled_for + CASE WHEN x.jitter > interval '0'
                                           THEN dispatch.jitter_offset(x.id, x.scheduled_for, x.jitter)
                                           ELSE interval '0' END AS fire_at
             FROM slot x
         ), new_runs AS (
             -- a slot whose jittered instant is still ahead waits for it (not_before)
-            INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, not_before)
-            SELECT f.id, f.scheduled_for, f.fire_at, CASE WHEN f.fire_at > horizon THEN f.fire_at END FROM fire f
+            INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, not_before)
+            SELECT f.id, f.project_id, f.scheduled_for, f.fire_at, CASE WHEN f.fire_at > horizon THEN f.fire_at END
+            FROM fire f
             ON CONFLICT DO NOTHING  -- cannot happen given the above; never an error if it did
             RETURNING 1
         ), coalesced AS (
@@ -1639,10 +1834,12 @@ BEGIN
             FROM slot x WHERE x.scheduled_for <> x.due_at
         )
         SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.plain)
-        INTO marked, changed_since
+        INTO found_marked, changed_since
         FROM checked d CROSS JOIN gaps;
+        marked := marked + found_marked;
         -- what changed between the two statements goes to the policies, which read it afresh
         by_policy := by_policy || changed_since;
+      END LOOP;
     EXCEPTION WHEN OTHERS THEN
         -- A slot that cannot be computed (a zone gone from the tz database) fails the statement
         -- for every schedule in it: each due schedule then goes on its own, and only that one
@@ -2148,6 +2345,29 @@ $$;
 
 
 --
+-- Name: _schedule_move_runs(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._schedule_move_runs() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    UPDATE dispatch.runs r SET project_id = NEW.project_id
+    WHERE r.schedule_id = NEW.id AND r.status IN ('pending', 'running') AND r.project_id <> NEW.project_id;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: FUNCTION _schedule_move_runs(); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch._schedule_move_runs() IS 'Trigger: a schedule whose project_id changed takes its open runs (pending, running) to the new project.';
+
+
+--
 -- Name: _schedule_notify(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -2283,8 +2503,8 @@ BEGIN
                                                             s.timezone, 100));
     IF cardinality(slots) <= 100 THEN
         WITH k AS (
-            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, status, finished_at, error)
-            SELECT s.id, slot, slot + dispatch.jitter_offset(s.id, slot, s.jitter), 'skipped', now(),
+            INSERT INTO dispatch.runs AS r (schedule_id, project_id, scheduled_for, fire_at, status, finished_at, error)
+            SELECT s.id, s.project_id, slot, slot + dispatch.jitter_offset(s.id, slot, s.jitter), 'skipped', now(),
                    dispatch._missed_by(horizon - slot)
             FROM unnest(slots) AS slot
             ON CONFLICT DO NOTHING
@@ -2496,8 +2716,8 @@ BEGIN
     -- invocation (invariant 6).
     IF s.backoff_reason IS NOT NULL THEN
         WITH k AS (
-            INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, status, finished_at, error)
-            VALUES (s.id, s.next_run_at, s.next_run_at, 'skipped', now(), left(s.backoff_reason, 500))
+            INSERT INTO dispatch.runs AS r (schedule_id, project_id, scheduled_for, fire_at, status, finished_at, error)
+            VALUES (s.id, s.project_id, s.next_run_at, s.next_run_at, 'skipped', now(), left(s.backoff_reason, 500))
             RETURNING r
         )
         SELECT array_agg(k.r) INTO skipped FROM k;
@@ -2515,8 +2735,8 @@ BEGIN
             target := CASE WHEN slot_run.id IS NULL THEN s.next_run_at
                            ELSE dispatch.cron_spec_next(s.cron_spec, s.next_run_at, s.timezone) END;
             IF target <= horizon THEN
-                INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, not_before)
-                VALUES (s.id, target, target + dispatch.jitter_offset(s.id, target, s.jitter), 'infinity')
+                INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, not_before)
+                VALUES (s.id, s.project_id, target, target + dispatch.jitter_offset(s.id, target, s.jitter), 'infinity')
                 ON CONFLICT DO NOTHING;
                 UPDATE dispatch.schedules SET next_run_at = target WHERE id = s.id;
                 RETURN 1;
@@ -2554,8 +2774,8 @@ BEGIN
                                       'catch-up');
     END IF;
     -- A slot fires at its jitter offset: one whose instant is still ahead waits for it.
-    INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at, not_before)
-    SELECT s.id, f.slot, f.fire_at, CASE WHEN f.fire_at > horizon THEN f.fire_at END
+    INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, not_before)
+    SELECT s.id, s.project_id, f.slot, f.fire_at, CASE WHEN f.fire_at > horizon THEN f.fire_at END
     FROM (SELECT slot, slot + dispatch.jitter_offset(s.id, slot, s.jitter) AS fire_at FROM unnest(slots) AS slot) f
     ON CONFLICT DO NOTHING;
     target := slots[cardinality(slots)];
@@ -2688,8 +2908,8 @@ BEGIN
                                                upto - interval '1 microsecond', s.timezone, 10000));
     -- Each waits its turn (not_before infinity): dispatch._follow_up lets one go at a time,
     -- oldest first, whenever nothing else of the schedule is open.
-    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, kind, not_before)
-    SELECT s.id, slot, slot, 'backfill', 'infinity'
+    INSERT INTO dispatch.runs AS r (schedule_id, project_id, scheduled_for, fire_at, kind, not_before)
+    SELECT s.id, s.project_id, slot, slot, 'backfill', 'infinity'
     FROM unnest(slots) AS slot
     WHERE NOT EXISTS (SELECT 1 FROM dispatch.runs x WHERE x.schedule_id = s.id AND x.scheduled_for = slot)
     ON CONFLICT DO NOTHING;
@@ -2789,14 +3009,33 @@ COMMENT ON FUNCTION dispatch.check_timezone(tz text) IS 'Return tz when it is a 
 CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval DEFAULT '00:01:00'::interval, default_timeout interval DEFAULT NULL::interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone, timeout interval, fire_at timestamp with time zone, kind text)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET enable_sort TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
+    projects text[];
+    capped text[];
+    held text[];
+    weights integer[];
+    allow integer[];
+    eligible boolean[];
+    quotas integer[];
+    first_ids bigint[];
+    first_of integer[];
+    slot_ids bigint[];
+    slot_of integer[];
     live_ids bigint[];
     late_ids bigint[];
-    more_live bigint[];
     stale_ids bigint[];
-    more_stale bigint[];
+    taken integer := 0;
+    got integer;
+    pass integer;
+    served integer;
+    last_served integer;
+    ended boolean := false;
 BEGIN
     -- A running run must hold a finite lease that outlasts its call: with none, no expiry ever
     -- selects it and its schedule is wedged; with one shorter than the call, the lease runs out
@@ -2819,64 +3058,154 @@ BEGIN
                   HINT = 'A lease that ends while the function is being called lets another claim invoke the run again: give the timeout plus a margin (the listener uses timeout + 30 s).';
     END IF;
 
-    -- Two queues, each read oldest first: runs whose not_before is over (retries after their
-    -- back-off, slots that waited for their jittered instant), then runs marked for their slot. A run another transaction holds is skipped, so concurrent claims never get the
-    -- same run and never wait.
-    --
-    -- Some runs are not handed out. A retry that can no longer start before its schedule's
-    -- next slot, or that max_attempts (lowered since) no longer allows, ends error (late_ids). A run whose schedule stopped, or whose first attempt
-    -- cannot start within misfire_grace, ends skipped (stale_ids): the transaction that stopped
-    -- a schedule ended every run it could see, this ends those that became pending behind its
-    -- back (a release or a lease expiry racing it).
-    SELECT array_agg(p.id) FILTER (WHERE p.state = 'live'), array_agg(p.id) FILTER (WHERE p.state = 'late'),
-           array_agg(p.id) FILTER (WHERE p.state = 'stale')
-    INTO live_ids, late_ids, stale_ids
-    FROM (SELECT r.id,
-                 CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
-                      WHEN dispatch._missed(r, s) THEN 'stale'
-                      -- a retry: max_attempts lowered during its back-off, or past the next slot
-                      WHEN r.attempt > r.released AND r.attempt - r.released >= s.max_attempts THEN 'late'
-                      WHEN r.kind = 'scheduled' AND r.attempt > r.released
-                           AND now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
-                      ELSE 'live' END AS state
-          FROM dispatch.runs r
-          JOIN dispatch.schedules s ON s.id = r.schedule_id
-          WHERE r.status = 'pending' AND r.not_before <= now()
-          ORDER BY r.not_before, r.id
-          LIMIT claim_runs.max_runs
-          FOR UPDATE OF r SKIP LOCKED) p;
-
-    IF coalesce(cardinality(live_ids), 0) + coalesce(cardinality(late_ids), 0)
-       + coalesce(cardinality(stale_ids), 0) < claim_runs.max_runs THEN
-        SELECT array_agg(p.id) FILTER (WHERE p.live), array_agg(p.id) FILTER (WHERE NOT p.live)
-        INTO more_live, more_stale
-        FROM (SELECT r.id,
-                     s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL AND NOT dispatch._missed(r, s) AS live
-              FROM dispatch.runs r
-              JOIN dispatch.schedules s ON s.id = r.schedule_id
-              WHERE r.status = 'pending' AND r.not_before IS NULL
-              ORDER BY r.scheduled_for, r.id
-              LIMIT claim_runs.max_runs - coalesce(cardinality(live_ids), 0) - coalesce(cardinality(late_ids), 0)
-                    - coalesce(cardinality(stale_ids), 0)
-              FOR UPDATE OF r SKIP LOCKED) p;
-        live_ids := live_ids || more_live;
-        stale_ids := stale_ids || more_stale;
+    IF claim_runs.max_runs = 0 THEN
+        RETURN;
     END IF;
+    -- The lock a claim takes on runs (what FOR UPDATE takes), before it looks: behind a
+    -- transaction that holds the table (a migration, LOCK TABLE … EXCLUSIVE), the claim waits,
+    -- then sees what that transaction committed, as one statement claiming with FOR UPDATE did.
+    LOCK TABLE dispatch.runs IN ROW SHARE MODE;
 
-    IF late_ids IS NOT NULL OR stale_ids IS NOT NULL THEN
-        PERFORM dispatch._end_late_retries(late_ids);
-        PERFORM dispatch._end_stale_runs(stale_ids, wait => false);
-        -- fewer runs than asked for although more may be pending: have the claimers come back
-        PERFORM pg_notify('dispatch', 'ended');
-    END IF;
-    -- runs of a function whose breaker is open wait, but for its probe (39_breakers.sql)
-    live_ids := dispatch._hold_for_breakers(live_ids);
-    IF live_ids IS NULL OR live_ids = '{}' THEN
+    -- Fair between projects. The projects with runs to claim, round-robin: from the one after
+    -- the last this session served (a session setting: no shared row, nothing to contend on),
+    -- at most max_runs of them.
+    projects := dispatch._claimable_projects(nullif(current_setting('dispatch.claim_cursor', true), ''),
+                                             claim_runs.max_runs);
+    IF projects IS NULL THEN
         RETURN;
     END IF;
 
-    RETURN QUERY SELECT * FROM dispatch._start_runs(live_ids, claim_runs.worker, claim_runs.lease,
-                                                    claim_runs.default_timeout);
+    -- max_concurrency: a capped project's row is locked (SKIP LOCKED) while its runs are counted
+    -- and claimed, so claimers take turns on it without waiting; one that another claimer holds
+    -- is left out of this claim. The count is read after the lock, by a later statement (READ
+    -- COMMITTED: a snapshot that sees the runs the previous holder claimed).
+    SELECT array_agg(p.project_id) INTO capped
+    FROM dispatch.projects p WHERE p.project_id = ANY (projects) AND p.max_concurrency IS NOT NULL;
+    IF capped IS NOT NULL THEN
+        PERFORM dispatch._require_read_committed('dispatch.claim_runs for a project with max_concurrency');
+        SELECT array_agg(l.project_id) INTO held
+        FROM (SELECT p.project_id FROM dispatch.projects p WHERE p.project_id = ANY (capped)
+              ORDER BY p.project_id FOR NO KEY UPDATE SKIP LOCKED) l;
+    END IF;
+    -- each project's weight, and how many of its runs this claim may take (allowance)
+    IF cardinality(projects) = 1 AND capped IS NULL THEN  -- one project, uncapped: its weight is moot
+        weights := ARRAY[1];
+        allow := ARRAY[claim_runs.max_runs];
+        eligible := ARRAY[true];
+    ELSE
+    SELECT array_agg(coalesce(pr.weight, 1) ORDER BY u.n),
+           array_agg(CASE WHEN pr.max_concurrency IS NULL THEN claim_runs.max_runs
+                          WHEN u.project_id = ANY (held)
+                          THEN least(claim_runs.max_runs,
+                                     greatest(pr.max_concurrency
+                                              - (SELECT count(*) FROM dispatch.runs x  -- runs_running_lease_idx
+                                                 WHERE x.status = 'running' AND x.project_id = u.project_id), 0))
+                          ELSE 0 END ORDER BY u.n),
+           array_agg(true)
+    INTO weights, allow, eligible
+    FROM unnest(projects) WITH ORDINALITY AS u(project_id, n)
+    LEFT JOIN dispatch.projects pr ON pr.project_id = u.project_id;
+    END IF;
+
+    -- Each pass shares what is still wanted between the projects by weight
+    -- (dispatch._claim_quotas) and locks each project's first runs up to its quota, runs whose
+    -- not_before is over first (retries, slots that waited for their jittered instant), then
+    -- runs in slot order, each from the project's own index; a run another claim holds is
+    -- skipped (concurrent claims never get the same run, nothing waits). The runs are started
+    -- (or ended) before the next pass, which tops the batch up from the projects that filled
+    -- their quota: one project alone still gets full batches.
+    FOR pass IN 1..3 LOOP
+        IF cardinality(projects) = 1 THEN  -- one project: no arithmetic to share
+            quotas := ARRAY[CASE WHEN eligible[1] THEN least(allow[1], claim_runs.max_runs - taken) ELSE 0 END];
+        ELSE
+            quotas := dispatch._claim_quotas(claim_runs.max_runs - taken, weights, allow, eligible);
+        END IF;
+        EXIT WHEN (SELECT coalesce(sum(q), 0) FROM unnest(quotas) q) = 0;
+
+        SELECT array_agg(x.id), array_agg(u.n::integer)
+        INTO first_ids, first_of
+        FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
+        CROSS JOIN LATERAL (
+            SELECT r.id FROM dispatch.runs r
+            WHERE r.project_id = u.project_id AND r.status = 'pending'
+              AND r.not_before IS NOT NULL AND r.not_before <= now()
+            ORDER BY r.project_id, r.not_before, r.id
+            LIMIT u.quota
+            FOR UPDATE SKIP LOCKED) x
+        WHERE u.quota > 0;
+        SELECT array_agg(x.id), array_agg(u.n::integer)
+        INTO slot_ids, slot_of
+        FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
+        CROSS JOIN LATERAL (
+            SELECT r.id FROM dispatch.runs r
+            WHERE r.project_id = u.project_id AND r.status = 'pending' AND r.not_before IS NULL
+            ORDER BY r.project_id, r.scheduled_for, r.id
+            LIMIT u.quota - coalesce(cardinality(array_positions(first_of, u.n::integer)), 0)
+            FOR UPDATE SKIP LOCKED) x
+        WHERE u.quota > coalesce(cardinality(array_positions(first_of, u.n::integer)), 0);
+        EXIT WHEN first_ids IS NULL AND slot_ids IS NULL;
+
+        -- Some runs are not handed out. A retry that can no longer start before its
+        -- schedule's next slot, or that max_attempts (lowered since) no longer allows, ends
+        -- error (late_ids). A run whose schedule stopped, or whose first attempt cannot start
+        -- within misfire_grace, ends skipped (stale_ids): the transaction that stopped a
+        -- schedule ended every run it could see, this ends those that became pending behind its
+        -- back (a release or a lease expiry racing it).
+        SELECT array_agg(p.id) FILTER (WHERE p.state = 'live'), array_agg(p.id) FILTER (WHERE p.state = 'late'),
+               array_agg(p.id) FILTER (WHERE p.state = 'stale')
+        INTO live_ids, late_ids, stale_ids
+        FROM (SELECT r.id,
+                     CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
+                          WHEN dispatch._missed(r, s) THEN 'stale'
+                          -- a retry: max_attempts lowered during its back-off, or past the next slot
+                          WHEN r.not_before IS NOT NULL AND r.attempt > r.released
+                               AND r.attempt - r.released >= s.max_attempts THEN 'late'
+                          WHEN r.not_before IS NOT NULL AND r.kind = 'scheduled' AND r.attempt > r.released
+                               AND now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
+                          ELSE 'live' END AS state
+              -- each by id (runs_pkey), whatever the statistics say (see dispatch._start_runs)
+              FROM unnest(first_ids || slot_ids) AS c(id)
+              CROSS JOIN LATERAL (SELECT x.* FROM dispatch.runs x WHERE x.id = c.id OFFSET 0) r
+              JOIN dispatch.schedules s ON s.id = r.schedule_id) p;
+
+        IF late_ids IS NOT NULL OR stale_ids IS NOT NULL THEN
+            PERFORM dispatch._end_late_retries(late_ids);
+            PERFORM dispatch._end_stale_runs(stale_ids, wait => false);
+            ended := true;
+        END IF;
+        -- runs of a function whose breaker is open wait, but for its probe (39_breakers.sql)
+        live_ids := dispatch._hold_for_breakers(live_ids);
+        IF live_ids IS NOT NULL AND live_ids <> '{}' THEN
+            RETURN QUERY SELECT * FROM dispatch._start_runs(live_ids, claim_runs.worker, claim_runs.lease,
+                                                            claim_runs.default_timeout);
+        END IF;
+
+        -- what each project got: its allowance goes down; one that filled its quota may have more
+        got := coalesce(cardinality(first_ids), 0) + coalesce(cardinality(slot_ids), 0);
+        IF cardinality(projects) = 1 THEN
+            allow := ARRAY[greatest(allow[1] - got, 0)];
+            eligible := ARRAY[got = quotas[1]];
+            served := CASE WHEN got > 0 THEN 1 ELSE served END;
+        ELSE
+        SELECT array_agg(greatest(x.a - x.got, 0) ORDER BY x.n), array_agg(x.q > 0 AND x.got = x.q ORDER BY x.n),
+               max(x.n) FILTER (WHERE x.got > 0)
+        INTO allow, eligible, last_served
+        FROM (SELECT u.n, u.a, u.q, coalesce(cardinality(array_positions(first_of || slot_of, u.n::integer)), 0) AS got
+              FROM unnest(allow, quotas) WITH ORDINALITY AS u(a, q, n)) x;
+        served := greatest(served, last_served);
+        END IF;
+        taken := taken + got;
+        EXIT WHEN taken >= claim_runs.max_runs;
+    END LOOP;
+
+    -- Where the next claim of this session starts: after the last project served.
+    IF served IS NOT NULL THEN
+        PERFORM set_config('dispatch.claim_cursor', projects[served], false);
+    END IF;
+    IF ended THEN
+        -- fewer runs than asked for although more may be pending: have the claimers come back
+        PERFORM pg_notify('dispatch', 'ended');
+    END IF;
 END
 $$;
 
@@ -4308,8 +4637,8 @@ BEGIN
 
     -- Due at the instant of the call, with its own request id; the schedule's slots stay as
     -- they are (dispatch._advance_schedules leaves them to scheduled runs).
-    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, kind, not_before)
-    SELECT s.id, due.at, due.at, 'manual',
+    INSERT INTO dispatch.runs AS r (schedule_id, project_id, scheduled_for, fire_at, kind, not_before)
+    SELECT s.id, s.project_id, due.at, due.at, 'manual',
            CASE WHEN s.overlap = 'buffer_one' AND open_run.id IS NOT NULL THEN timestamptz 'infinity' END
     FROM (SELECT clock_timestamp() AS at) due  -- one instant: a later fire_at would read as jitter
     RETURNING r.* INTO run;
@@ -4537,6 +4866,47 @@ CREATE TABLE dispatch.migrations (
 --
 
 COMMENT ON TABLE dispatch.migrations IS 'Applied migrations (sql/migrations/NNNN_name.sql). Each is recorded in the transaction that applies it, first, so that a concurrent or repeated install fails before changing anything.';
+
+
+--
+-- Name: projects; Type: TABLE; Schema: dispatch; Owner: -
+--
+
+CREATE TABLE dispatch.projects (
+    project_id text NOT NULL,
+    max_concurrency integer,
+    weight integer DEFAULT 1 NOT NULL,
+    CONSTRAINT projects_max_concurrency_check CHECK ((max_concurrency > 0)),
+    CONSTRAINT projects_weight_check CHECK ((weight > 0))
+);
+
+
+--
+-- Name: TABLE projects; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.projects IS 'Per-project dispatch settings, optional: a project without a row runs uncapped with weight 1. Written by dispatch_admin.';
+
+
+--
+-- Name: COLUMN projects.project_id; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.projects.project_id IS 'The project (dispatch.schedules.project_id) these settings are for.';
+
+
+--
+-- Name: COLUMN projects.max_concurrency; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.projects.max_concurrency IS 'At most this many of the project''s runs are running at once, across all listeners (dispatch.claim_runs); NULL: no cap.';
+
+
+--
+-- Name: COLUMN projects.weight; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.projects.weight IS 'The project''s share when several projects have due runs: a claim takes about weight runs of it for each run of a weight-1 project.';
 
 
 --
@@ -4772,6 +5142,14 @@ ALTER TABLE ONLY dispatch.migrations
 
 
 --
+-- Name: projects projects_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.projects
+    ADD CONSTRAINT projects_pkey PRIMARY KEY (project_id);
+
+
+--
 -- Name: runs runs_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
 --
 
@@ -4882,10 +5260,17 @@ CREATE INDEX runs_open_idx ON dispatch.runs USING btree (schedule_id) WHERE (sta
 
 
 --
--- Name: runs_pending_idx; Type: INDEX; Schema: dispatch; Owner: -
+-- Name: runs_project_not_before_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
-CREATE INDEX runs_pending_idx ON dispatch.runs USING btree (scheduled_for, id) WHERE ((status = 'pending'::text) AND (not_before IS NULL));
+CREATE INDEX runs_project_not_before_idx ON dispatch.runs USING btree (project_id, not_before, id) WHERE ((status = 'pending'::text) AND (not_before IS NOT NULL));
+
+
+--
+-- Name: runs_project_pending_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX runs_project_pending_idx ON dispatch.runs USING btree (project_id, scheduled_for, id) WHERE ((status = 'pending'::text) AND (not_before IS NULL));
 
 
 --
@@ -4903,10 +5288,10 @@ CREATE INDEX schedules_next_run_at_idx ON dispatch.schedules USING btree (next_r
 
 
 --
--- Name: schedules_project_id_idx; Type: INDEX; Schema: dispatch; Owner: -
+-- Name: schedules_project_next_run_at_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
-CREATE INDEX schedules_project_id_idx ON dispatch.schedules USING btree (project_id);
+CREATE INDEX schedules_project_next_run_at_idx ON dispatch.schedules USING btree (project_id, next_run_at);
 
 
 --
@@ -4956,6 +5341,13 @@ CREATE TRIGGER _210_unbuffer AFTER UPDATE OF overlap ON dispatch.schedules FOR E
 --
 
 CREATE TRIGGER _220_record_stop_gap AFTER UPDATE OF enabled, paused_at ON dispatch.schedules FOR EACH ROW WHEN (((old.next_run_at IS NULL) AND (new.next_run_at IS NOT NULL) AND (old.stopped_on IS NOT NULL) AND (NOT (old.cron_spec IS DISTINCT FROM new.cron_spec)) AND (old.timezone = new.timezone))) EXECUTE FUNCTION dispatch._schedule_record_stop_gap();
+
+
+--
+-- Name: schedules _700_move_runs; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _700_move_runs AFTER UPDATE OF project_id ON dispatch.schedules FOR EACH ROW WHEN ((old.project_id IS DISTINCT FROM new.project_id)) EXECUTE FUNCTION dispatch._schedule_move_runs();
 
 
 --
@@ -5169,6 +5561,20 @@ GRANT ALL ON FUNCTION dispatch._check_policies(s dispatch.schedules) TO dispatch
 
 
 --
+-- Name: FUNCTION _claim_quotas(need integer, weights integer[], allow integer[], eligible boolean[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._claim_quotas(need integer, weights integer[], allow integer[], eligible boolean[]) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _claimable_projects(after text, n integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._claimable_projects(after text, n integer) FROM PUBLIC;
+
+
+--
 -- Name: TABLE breakers; Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -5234,6 +5640,13 @@ REVOKE ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo 
 GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) TO dispatch_reader;
 GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo integer, hi integer) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _due_heads(horizon timestamp with time zone, max_runs integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._due_heads(horizon timestamp with time zone, max_runs integer) FROM PUBLIC;
 
 
 --
@@ -5448,6 +5861,13 @@ REVOKE ALL ON FUNCTION dispatch._schedule_before_write() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION dispatch._schedule_end_pending() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _schedule_move_runs(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._schedule_move_runs() FROM PUBLIC;
 
 
 --
@@ -5851,6 +6271,14 @@ GRANT SELECT ON TABLE dispatch.listeners TO dispatch_reader;
 --
 
 GRANT SELECT ON TABLE dispatch.migrations TO dispatch_reader;
+
+
+--
+-- Name: TABLE projects; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.projects TO dispatch_reader;
+GRANT INSERT,DELETE,UPDATE ON TABLE dispatch.projects TO dispatch_admin;
 
 
 --

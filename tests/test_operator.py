@@ -153,8 +153,9 @@ def test_backfill_runs_each_missing_slot_once_oldest_first_one_at_a_time(db: psy
     end = scalar(db, "SELECT date_bin('10 minutes', now() - interval '10 minutes', timestamptz '2000-01-01')")
     start = end - timedelta(hours=3)
     # one slot in the range already ran: it is not repeated
-    db.execute("INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, finished_at)"
-               " VALUES (%s, %s, 'ok', now())", (sid, start + timedelta(minutes=30)))
+    db.execute("INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, status, finished_at)"
+               " SELECT id, project_id, %s, 'ok', now() FROM dispatch.schedules WHERE id = %s",
+               (start + timedelta(minutes=30), sid))
 
     assert backfill(db, sid, start, end) == 17
     expected = [start + timedelta(minutes=10 * k) for k in range(18) if k != 3]

@@ -40,6 +40,7 @@ DIRECT_WRITES = [
     "INSERT INTO dispatch.audit_log (action) VALUES ('forged')",
     "DELETE FROM dispatch.audit_log",
     "UPDATE dispatch.settings SET runs_retention = '1 day'",
+    "INSERT INTO dispatch.projects (project_id, max_concurrency) VALUES ('p', 1)",
 ]
 
 
@@ -81,7 +82,7 @@ def test_listener_reads_nothing_it_does_not_need(db: psycopg.Connection, stateme
 def test_reader_reads_everything_and_changes_nothing(db: psycopg.Connection) -> None:
     due_run(db)
     with as_role(db, "dispatch_reader"):
-        for relation in ["schedules", "runs", "audit_log", "settings", "migrations", "timezones",
+        for relation in ["schedules", "runs", "audit_log", "settings", "projects", "migrations", "timezones",
                          "schedule_status", "recent_failures", "listeners"]:  # fmt: skip
             db.execute(f"SELECT * FROM dispatch.{relation}").fetchall()
         assert db.execute(
@@ -108,6 +109,9 @@ def test_admin_manages_schedules_and_settings(db: psycopg.Connection) -> None:
         db.execute("UPDATE dispatch.schedules SET cron_expression = '0 10 * * *'")
         db.execute("UPDATE dispatch.schedules SET enabled = false")
         db.execute("UPDATE dispatch.settings SET runs_retention = '30 days'")
+        db.execute("INSERT INTO dispatch.projects (project_id, max_concurrency) VALUES ('p', 5)")
+        db.execute("UPDATE dispatch.projects SET weight = 2, max_concurrency = NULL WHERE project_id = 'p'")
+        db.execute("DELETE FROM dispatch.projects WHERE project_id = 'p'")
         assert db.execute("CALL dispatch.prune()").fetchone() == (0, 0)
         actions = [r[0] for r in db.execute("SELECT action FROM dispatch.audit_log ORDER BY id").fetchall()]
         assert actions == ["schedule.create", "schedule.update", "schedule.update"]

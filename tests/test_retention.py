@@ -20,8 +20,10 @@ def seed(db: psycopg.Connection) -> None:
     # that are 30 days old (a stuck listener, a long outage): those must stay.
     db.execute(
         """
-        INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, created_at, finished_at, attempt)
-        SELECT %(sid)s, now() - g * interval '1 minute' - age, status, now() - age, now() - age, 1
+        INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, status, created_at, finished_at,
+                                   attempt)
+        SELECT %(sid)s, (SELECT project_id FROM dispatch.schedules WHERE id = %(sid)s),
+               now() - g * interval '1 minute' - age, status, now() - age, now() - age, 1
         FROM generate_series(1, 280) g,
              LATERAL (SELECT CASE WHEN g <= 250 THEN interval '20 days' ELSE interval '2 days' END AS age,
                              CASE WHEN g %% 2 = 0 THEN 'ok' ELSE 'error' END AS status) x
@@ -29,15 +31,16 @@ def seed(db: psycopg.Connection) -> None:
         {"sid": sid},
     )
     db.execute(
-        "INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, created_at)"
-        " VALUES (%s, now() - interval '30 days', 'pending', now() - interval '30 days')",
+        "INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, status, created_at)"
+        " SELECT id, project_id, now() - interval '30 days', 'pending', now() - interval '30 days'"
+        " FROM dispatch.schedules WHERE id = %s",
         (late,),
     )
     db.execute(
-        "INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, created_at, worker, claimed_at,"
-        " lease_until, attempt)"
-        " SELECT %s, t, 'running', t, 'w', t, t + interval '1 minute', 1"
-        " FROM (SELECT now() - interval '31 days') x(t)",
+        "INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, status, created_at, worker,"
+        " claimed_at, lease_until, attempt)"
+        " SELECT s.id, s.project_id, t, 'running', t, 'w', t, t + interval '1 minute', 1"
+        " FROM (SELECT now() - interval '31 days') x(t), dispatch.schedules s WHERE s.id = %s",
         (stuck,),
     )
     db.execute(

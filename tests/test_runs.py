@@ -374,11 +374,12 @@ def test_claiming_pending_runs_uses_the_pending_index(db: psycopg.Connection) ->
     plan = "\n".join(
         r[0]
         for r in db.execute(
-            "EXPLAIN SELECT r.id FROM dispatch.runs r WHERE r.status = 'pending' AND r.not_before IS NULL"
-            " ORDER BY r.scheduled_for, r.id LIMIT 10 FOR UPDATE SKIP LOCKED"
+            "EXPLAIN SELECT r.id FROM dispatch.runs r WHERE r.project_id = 'p' AND r.status = 'pending'"
+            " AND r.not_before IS NULL ORDER BY r.project_id, r.scheduled_for, r.id LIMIT 10"
+            " FOR UPDATE SKIP LOCKED"
         ).fetchall()
     )
-    assert "runs_pending_idx" in plan
+    assert "runs_project_pending_idx" in plan
     due = "\n".join(
         r[0]
         for r in db.execute("EXPLAIN SELECT id FROM dispatch.schedules WHERE next_run_at <= now()").fetchall()
@@ -390,8 +391,9 @@ def _schedules_with_history(db: psycopg.Connection) -> None:
     """3,000 schedules that are not due, with 15,000 finished runs."""
     db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
                " SELECT 'p', 'f', '0 0 1 1 *' FROM generate_series(1, 3000)")
-    db.execute("INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, attempt, finished_at)"
-               " SELECT s.id, now() - k * interval '1 day', 'ok', 1, now()"
+    db.execute("INSERT INTO dispatch.runs"
+               " (schedule_id, project_id, scheduled_for, status, attempt, finished_at)"
+               " SELECT s.id, s.project_id, now() - k * interval '1 day', 'ok', 1, now()"
                " FROM dispatch.schedules s CROSS JOIN generate_series(1, 5) k")
 
 

@@ -192,9 +192,11 @@ def test_the_misfire_grace_counts_from_the_fire_instant(db: psycopg.Connection) 
                " VALUES ('p', 'fn', '0 0 1 1 *', '10 minutes', '1 minute')")
     sid = scalar(db, "SELECT id FROM dispatch.schedules")
     # both slots 5 minutes ago; one fired 30 s ago (in grace), one 2 minutes ago (beyond)
-    db.execute("INSERT INTO dispatch.runs (schedule_id, scheduled_for, fire_at) VALUES"
-               " (%(s)s, now() - interval '5 minutes', now() - interval '30 seconds'),"
-               " (%(s)s, now() - interval '5 minutes 1 second', now() - interval '2 minutes')", {"s": sid})
+    db.execute("INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at)"
+               " SELECT id, project_id, x.* FROM dispatch.schedules,"
+               " (VALUES (now() - interval '5 minutes', now() - interval '30 seconds'),"
+               " (now() - interval '5 minutes 1 second', now() - interval '2 minutes')) x"
+               " WHERE id = %(s)s", {"s": sid})
     in_grace = scalar(db, "SELECT id FROM dispatch.runs ORDER BY fire_at DESC LIMIT 1")
     assert [row[0] for row in claim(db, "w")] == [in_grace]
     assert db.execute("SELECT status, error FROM dispatch.runs WHERE status = 'skipped'").fetchall() == [

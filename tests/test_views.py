@@ -14,10 +14,11 @@ def test_schedule_status_counts_failures_since_the_last_ok(db: psycopg.Connectio
     ).fetchone()[0]  # type: ignore[index]
     for minutes_ago, status in [(10, "error"), (9, "ok"), (8, "error"), (7, "lost"), (6, "error")]:
         db.execute(
-            "INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, finished_at, error, attempt)"
-            " VALUES (%s, date_trunc('minute', now()) - %s * interval '1 minute', %s, now(),"
-            " CASE WHEN %s <> 'ok' THEN 'boom' END, 1)",
-            (sid, minutes_ago, status, status),
+            "INSERT INTO dispatch.runs"
+            " (schedule_id, project_id, scheduled_for, status, finished_at, error, attempt)"
+            " SELECT s.id, s.project_id, date_trunc('minute', now()) - %s * interval '1 minute', %s, now(),"
+            " CASE WHEN %s <> 'ok' THEN 'boom' END, 1 FROM dispatch.schedules s WHERE s.id = %s",
+            (minutes_ago, status, status, sid),
         )
     db.execute("UPDATE dispatch.schedules SET next_run_at = now() - interval '5 minutes'")
     overdue = "SELECT overdue_by > interval '4 minutes' FROM dispatch.schedule_status WHERE id = %s"

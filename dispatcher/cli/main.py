@@ -1,4 +1,4 @@
-"""The `pgdispatch` command: install, doctor, schedules, runs, listen, demo, demo-function.
+"""The `pgdispatch` command: install, doctor, schedules, runs, projects, listen, demo, demo-function.
 
 Each command lives in a module of its own and registers its parser here; every command that
 talks to the database reads --database-url / PGDISPATCH_DATABASE_URL as `listen` does.
@@ -17,7 +17,7 @@ from typing import NoReturn
 import psycopg
 
 from dispatcher import __version__
-from dispatcher.cli import admin, breakers, demo_function, doctor
+from dispatcher.cli import admin, breakers, demo_function, doctor, projects
 from dispatcher.cli.console import CommandError, UsageError, add_connection_arguments, print_json
 from dispatcher.config import OPTIONS, ConfigError, load_settings, resolve_database_url
 from dispatcher.migrations import install
@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_commands(commands)
     admin.add_commands(commands)
     breakers.add_commands(commands)
+    projects.add_commands(commands)
 
     listen_cmd = commands.add_parser(
         "listen",

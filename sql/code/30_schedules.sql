@@ -329,6 +329,29 @@ BEGIN
 END
 $$;
 
+-- A schedule moved to another project takes its open runs along: they are claimed, counted
+-- against max_concurrency and weighed as the new project's from the commit on. Finished runs
+-- keep the project they ran for. (Waits for a claim in progress on one of them, like a stop.)
+CREATE OR REPLACE FUNCTION dispatch._schedule_move_runs()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE dispatch.runs r SET project_id = NEW.project_id
+    WHERE r.schedule_id = NEW.id AND r.status IN ('pending', 'running') AND r.project_id <> NEW.project_id;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION dispatch._schedule_move_runs() IS
+    'Trigger: a schedule whose project_id changed takes its open runs (pending, running) to the new project.';
+
+CREATE OR REPLACE TRIGGER _700_move_runs
+    AFTER UPDATE OF project_id ON dispatch.schedules
+    FOR EACH ROW WHEN (OLD.project_id IS DISTINCT FROM NEW.project_id)
+    EXECUTE FUNCTION dispatch._schedule_move_runs();
+
 CREATE OR REPLACE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules
     FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_audit();
 -- UPDATE OF: the dispatcher's own updates (next_run_at, last_*) do not fire it at all, so its

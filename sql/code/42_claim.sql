@@ -69,6 +69,85 @@ BEGIN
 END
 $$;
 
+-- The projects with runs to claim (pending, not_before NULL or over), in project_id order from
+-- the first one after `after`, wrapping around to it: at most n. A loose index scan of the two
+-- per-project queues (runs_project_pending_idx, runs_project_not_before_idx): two index descents
+-- a project, however many runs each has.
+CREATE OR REPLACE FUNCTION dispatch._claimable_projects(after text, n integer)
+RETURNS text[]
+-- PL/pgSQL for its cached plan (a SQL function with a SET clause is planned on every call)
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+-- Each step is the first entry after a project in a per-project index, whatever the statistics
+-- say: taken right after a chunk was marked, they say no run is pending, and a plan made on them
+-- sorted every pending run by project at each step (25 ms a step after 42,000 were marked).
+-- Only the per-project indexes give project_id order without a sort.
+SET enable_sort = off
+-- (what a disabled sort adds to a plan's cost would otherwise have it compiled: 0.3 s a claim)
+SET jit = off
+AS $$
+BEGIN
+    RETURN (WITH RECURSIVE walk(project_id, step, lap) AS (
+        SELECT coalesce(after, ''), 0, 1
+        UNION ALL
+        SELECT coalesce(nx.project_id, CASE WHEN w.lap = 1 AND coalesce(after, '') <> '' THEN '' END),
+               w.step + CASE WHEN nx.project_id IS NULL THEN 0 ELSE 1 END,
+               w.lap + CASE WHEN nx.project_id IS NULL THEN 1 ELSE 0 END
+        FROM walk w
+        CROSS JOIN LATERAL (
+            SELECT least((SELECT r.project_id FROM dispatch.runs r
+                          WHERE r.status = 'pending' AND r.not_before IS NULL AND r.project_id > w.project_id
+                          ORDER BY r.project_id LIMIT 1),
+                         (SELECT r.project_id FROM dispatch.runs r
+                          WHERE r.status = 'pending' AND r.not_before IS NOT NULL AND r.not_before <= now()
+                            AND r.project_id > w.project_id
+                          ORDER BY r.project_id LIMIT 1)) AS project_id
+            OFFSET 0  -- once a step, not once for each place that reads it
+        ) nx
+        WHERE w.project_id IS NOT NULL AND w.step < n
+          -- the second lap ends where the first began
+          AND NOT (w.lap = 2 AND w.step > 0 AND w.project_id >= coalesce(after, ''))
+    )
+    SELECT array_agg(w.project_id ORDER BY w.step)
+    FROM (SELECT DISTINCT ON (step) project_id, step FROM walk
+          WHERE step > 0 AND project_id IS NOT NULL AND project_id <> ''
+          ORDER BY step, lap) w
+    WHERE w.step <= n);
+END
+$$;
+COMMENT ON FUNCTION dispatch._claimable_projects(text, integer) IS
+    'The projects with runs a claim may take now (pending, not_before NULL or over), at most n, in project_id order starting after "after" and wrapping around (a loose index scan: two index descents a project).';
+
+-- How many runs a claim takes of each project this pass: `need` shared by weight among the
+-- eligible projects (floor of the weighted share, the remainder one each in their order), each
+-- at most its allowance. Pure arithmetic.
+CREATE OR REPLACE FUNCTION dispatch._claim_quotas(need integer, weights integer[], allow integer[],
+                                                  eligible boolean[])
+RETURNS integer[]
+LANGUAGE plpgsql
+IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (WITH p AS (
+        SELECT x.n, x.w, x.a, x.e FROM unnest(weights, allow, eligible) WITH ORDINALITY AS x(w, a, e, n)
+    ), t AS (
+        SELECT sum(p.w) AS total FROM p WHERE p.e AND p.a > 0
+    ), b AS (
+        SELECT p.n, p.a, p.e AND p.a > 0 AS e,
+               CASE WHEN p.e AND p.a > 0 THEN floor(need::numeric * p.w / t.total)::integer ELSE 0 END AS base,
+               count(*) FILTER (WHERE p.e AND p.a > 0) OVER (ORDER BY p.n) AS pos
+        FROM p CROSS JOIN t
+    )
+    SELECT array_agg(least(b.a, b.base + CASE WHEN b.e AND b.pos <= need - (SELECT sum(base) FROM b) THEN 1 ELSE 0 END)
+                     ORDER BY b.n)
+    FROM b);
+END
+$$;
+COMMENT ON FUNCTION dispatch._claim_quotas(integer, integer[], integer[], boolean[]) IS
+    'Arithmetic of dispatch.claim_runs: need split by weight among the eligible projects with allowance left (floor of each share, the remainder one each in order), each capped by its allowance.';
+
 CREATE OR REPLACE FUNCTION dispatch.claim_runs(
     worker          text,
     max_runs        integer,
@@ -94,14 +173,38 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- The candidates are found by id (unnest, then runs_pkey and schedules_pkey), whatever the
+-- statistics say about runs (see dispatch._start_runs).
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+-- Each project's queue is read from its per-project index (ordered by project first, which no
+-- other index gives without a sort), whatever the statistics say.
+SET enable_sort = off
+-- (what a disabled sort adds to a plan's cost would otherwise have it compiled: 0.3 s a claim)
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
+    projects text[];
+    capped text[];
+    held text[];
+    weights integer[];
+    allow integer[];
+    eligible boolean[];
+    quotas integer[];
+    first_ids bigint[];
+    first_of integer[];
+    slot_ids bigint[];
+    slot_of integer[];
     live_ids bigint[];
     late_ids bigint[];
-    more_live bigint[];
     stale_ids bigint[];
-    more_stale bigint[];
+    taken integer := 0;
+    got integer;
+    pass integer;
+    served integer;
+    last_served integer;
+    ended boolean := false;
 BEGIN
     -- A running run must hold a finite lease that outlasts its call: with none, no expiry ever
     -- selects it and its schedule is wedged; with one shorter than the call, the lease runs out
@@ -124,64 +227,154 @@ BEGIN
                   HINT = 'A lease that ends while the function is being called lets another claim invoke the run again: give the timeout plus a margin (the listener uses timeout + 30 s).';
     END IF;
 
-    -- Two queues, each read oldest first: runs whose not_before is over (retries after their
-    -- back-off, slots that waited for their jittered instant), then runs marked for their slot. A run another transaction holds is skipped, so concurrent claims never get the
-    -- same run and never wait.
-    --
-    -- Some runs are not handed out. A retry that can no longer start before its schedule's
-    -- next slot, or that max_attempts (lowered since) no longer allows, ends error (late_ids). A run whose schedule stopped, or whose first attempt
-    -- cannot start within misfire_grace, ends skipped (stale_ids): the transaction that stopped
-    -- a schedule ended every run it could see, this ends those that became pending behind its
-    -- back (a release or a lease expiry racing it).
-    SELECT array_agg(p.id) FILTER (WHERE p.state = 'live'), array_agg(p.id) FILTER (WHERE p.state = 'late'),
-           array_agg(p.id) FILTER (WHERE p.state = 'stale')
-    INTO live_ids, late_ids, stale_ids
-    FROM (SELECT r.id,
-                 CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
-                      WHEN dispatch._missed(r, s) THEN 'stale'
-                      -- a retry: max_attempts lowered during its back-off, or past the next slot
-                      WHEN r.attempt > r.released AND r.attempt - r.released >= s.max_attempts THEN 'late'
-                      WHEN r.kind = 'scheduled' AND r.attempt > r.released
-                           AND now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
-                      ELSE 'live' END AS state
-          FROM dispatch.runs r
-          JOIN dispatch.schedules s ON s.id = r.schedule_id
-          WHERE r.status = 'pending' AND r.not_before <= now()
-          ORDER BY r.not_before, r.id
-          LIMIT claim_runs.max_runs
-          FOR UPDATE OF r SKIP LOCKED) p;
-
-    IF coalesce(cardinality(live_ids), 0) + coalesce(cardinality(late_ids), 0)
-       + coalesce(cardinality(stale_ids), 0) < claim_runs.max_runs THEN
-        SELECT array_agg(p.id) FILTER (WHERE p.live), array_agg(p.id) FILTER (WHERE NOT p.live)
-        INTO more_live, more_stale
-        FROM (SELECT r.id,
-                     s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL AND NOT dispatch._missed(r, s) AS live
-              FROM dispatch.runs r
-              JOIN dispatch.schedules s ON s.id = r.schedule_id
-              WHERE r.status = 'pending' AND r.not_before IS NULL
-              ORDER BY r.scheduled_for, r.id
-              LIMIT claim_runs.max_runs - coalesce(cardinality(live_ids), 0) - coalesce(cardinality(late_ids), 0)
-                    - coalesce(cardinality(stale_ids), 0)
-              FOR UPDATE OF r SKIP LOCKED) p;
-        live_ids := live_ids || more_live;
-        stale_ids := stale_ids || more_stale;
+    IF claim_runs.max_runs = 0 THEN
+        RETURN;
     END IF;
+    -- The lock a claim takes on runs (what FOR UPDATE takes), before it looks: behind a
+    -- transaction that holds the table (a migration, LOCK TABLE … EXCLUSIVE), the claim waits,
+    -- then sees what that transaction committed, as one statement claiming with FOR UPDATE did.
+    LOCK TABLE dispatch.runs IN ROW SHARE MODE;
 
-    IF late_ids IS NOT NULL OR stale_ids IS NOT NULL THEN
-        PERFORM dispatch._end_late_retries(late_ids);
-        PERFORM dispatch._end_stale_runs(stale_ids, wait => false);
-        -- fewer runs than asked for although more may be pending: have the claimers come back
-        PERFORM pg_notify('dispatch', 'ended');
-    END IF;
-    -- runs of a function whose breaker is open wait, but for its probe (39_breakers.sql)
-    live_ids := dispatch._hold_for_breakers(live_ids);
-    IF live_ids IS NULL OR live_ids = '{}' THEN
+    -- Fair between projects. The projects with runs to claim, round-robin: from the one after
+    -- the last this session served (a session setting: no shared row, nothing to contend on),
+    -- at most max_runs of them.
+    projects := dispatch._claimable_projects(nullif(current_setting('dispatch.claim_cursor', true), ''),
+                                             claim_runs.max_runs);
+    IF projects IS NULL THEN
         RETURN;
     END IF;
 
-    RETURN QUERY SELECT * FROM dispatch._start_runs(live_ids, claim_runs.worker, claim_runs.lease,
-                                                    claim_runs.default_timeout);
+    -- max_concurrency: a capped project's row is locked (SKIP LOCKED) while its runs are counted
+    -- and claimed, so claimers take turns on it without waiting; one that another claimer holds
+    -- is left out of this claim. The count is read after the lock, by a later statement (READ
+    -- COMMITTED: a snapshot that sees the runs the previous holder claimed).
+    SELECT array_agg(p.project_id) INTO capped
+    FROM dispatch.projects p WHERE p.project_id = ANY (projects) AND p.max_concurrency IS NOT NULL;
+    IF capped IS NOT NULL THEN
+        PERFORM dispatch._require_read_committed('dispatch.claim_runs for a project with max_concurrency');
+        SELECT array_agg(l.project_id) INTO held
+        FROM (SELECT p.project_id FROM dispatch.projects p WHERE p.project_id = ANY (capped)
+              ORDER BY p.project_id FOR NO KEY UPDATE SKIP LOCKED) l;
+    END IF;
+    -- each project's weight, and how many of its runs this claim may take (allowance)
+    IF cardinality(projects) = 1 AND capped IS NULL THEN  -- one project, uncapped: its weight is moot
+        weights := ARRAY[1];
+        allow := ARRAY[claim_runs.max_runs];
+        eligible := ARRAY[true];
+    ELSE
+    SELECT array_agg(coalesce(pr.weight, 1) ORDER BY u.n),
+           array_agg(CASE WHEN pr.max_concurrency IS NULL THEN claim_runs.max_runs
+                          WHEN u.project_id = ANY (held)
+                          THEN least(claim_runs.max_runs,
+                                     greatest(pr.max_concurrency
+                                              - (SELECT count(*) FROM dispatch.runs x  -- runs_running_lease_idx
+                                                 WHERE x.status = 'running' AND x.project_id = u.project_id), 0))
+                          ELSE 0 END ORDER BY u.n),
+           array_agg(true)
+    INTO weights, allow, eligible
+    FROM unnest(projects) WITH ORDINALITY AS u(project_id, n)
+    LEFT JOIN dispatch.projects pr ON pr.project_id = u.project_id;
+    END IF;
+
+    -- Each pass shares what is still wanted between the projects by weight
+    -- (dispatch._claim_quotas) and locks each project's first runs up to its quota, runs whose
+    -- not_before is over first (retries, slots that waited for their jittered instant), then
+    -- runs in slot order, each from the project's own index; a run another claim holds is
+    -- skipped (concurrent claims never get the same run, nothing waits). The runs are started
+    -- (or ended) before the next pass, which tops the batch up from the projects that filled
+    -- their quota: one project alone still gets full batches.
+    FOR pass IN 1..3 LOOP
+        IF cardinality(projects) = 1 THEN  -- one project: no arithmetic to share
+            quotas := ARRAY[CASE WHEN eligible[1] THEN least(allow[1], claim_runs.max_runs - taken) ELSE 0 END];
+        ELSE
+            quotas := dispatch._claim_quotas(claim_runs.max_runs - taken, weights, allow, eligible);
+        END IF;
+        EXIT WHEN (SELECT coalesce(sum(q), 0) FROM unnest(quotas) q) = 0;
+
+        SELECT array_agg(x.id), array_agg(u.n::integer)
+        INTO first_ids, first_of
+        FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
+        CROSS JOIN LATERAL (
+            SELECT r.id FROM dispatch.runs r
+            WHERE r.project_id = u.project_id AND r.status = 'pending'
+              AND r.not_before IS NOT NULL AND r.not_before <= now()
+            ORDER BY r.project_id, r.not_before, r.id
+            LIMIT u.quota
+            FOR UPDATE SKIP LOCKED) x
+        WHERE u.quota > 0;
+        SELECT array_agg(x.id), array_agg(u.n::integer)
+        INTO slot_ids, slot_of
+        FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
+        CROSS JOIN LATERAL (
+            SELECT r.id FROM dispatch.runs r
+            WHERE r.project_id = u.project_id AND r.status = 'pending' AND r.not_before IS NULL
+            ORDER BY r.project_id, r.scheduled_for, r.id
+            LIMIT u.quota - coalesce(cardinality(array_positions(first_of, u.n::integer)), 0)
+            FOR UPDATE SKIP LOCKED) x
+        WHERE u.quota > coalesce(cardinality(array_positions(first_of, u.n::integer)), 0);
+        EXIT WHEN first_ids IS NULL AND slot_ids IS NULL;
+
+        -- Some runs are not handed out. A retry that can no longer start before its
+        -- schedule's next slot, or that max_attempts (lowered since) no longer allows, ends
+        -- error (late_ids). A run whose schedule stopped, or whose first attempt cannot start
+        -- within misfire_grace, ends skipped (stale_ids): the transaction that stopped a
+        -- schedule ended every run it could see, this ends those that became pending behind its
+        -- back (a release or a lease expiry racing it).
+        SELECT array_agg(p.id) FILTER (WHERE p.state = 'live'), array_agg(p.id) FILTER (WHERE p.state = 'late'),
+               array_agg(p.id) FILTER (WHERE p.state = 'stale')
+        INTO live_ids, late_ids, stale_ids
+        FROM (SELECT r.id,
+                     CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
+                          WHEN dispatch._missed(r, s) THEN 'stale'
+                          -- a retry: max_attempts lowered during its back-off, or past the next slot
+                          WHEN r.not_before IS NOT NULL AND r.attempt > r.released
+                               AND r.attempt - r.released >= s.max_attempts THEN 'late'
+                          WHEN r.not_before IS NOT NULL AND r.kind = 'scheduled' AND r.attempt > r.released
+                               AND now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
+                          ELSE 'live' END AS state
+              -- each by id (runs_pkey), whatever the statistics say (see dispatch._start_runs)
+              FROM unnest(first_ids || slot_ids) AS c(id)
+              CROSS JOIN LATERAL (SELECT x.* FROM dispatch.runs x WHERE x.id = c.id OFFSET 0) r
+              JOIN dispatch.schedules s ON s.id = r.schedule_id) p;
+
+        IF late_ids IS NOT NULL OR stale_ids IS NOT NULL THEN
+            PERFORM dispatch._end_late_retries(late_ids);
+            PERFORM dispatch._end_stale_runs(stale_ids, wait => false);
+            ended := true;
+        END IF;
+        -- runs of a function whose breaker is open wait, but for its probe (39_breakers.sql)
+        live_ids := dispatch._hold_for_breakers(live_ids);
+        IF live_ids IS NOT NULL AND live_ids <> '{}' THEN
+            RETURN QUERY SELECT * FROM dispatch._start_runs(live_ids, claim_runs.worker, claim_runs.lease,
+                                                            claim_runs.default_timeout);
+        END IF;
+
+        -- what each project got: its allowance goes down; one that filled its quota may have more
+        got := coalesce(cardinality(first_ids), 0) + coalesce(cardinality(slot_ids), 0);
+        IF cardinality(projects) = 1 THEN
+            allow := ARRAY[greatest(allow[1] - got, 0)];
+            eligible := ARRAY[got = quotas[1]];
+            served := CASE WHEN got > 0 THEN 1 ELSE served END;
+        ELSE
+        SELECT array_agg(greatest(x.a - x.got, 0) ORDER BY x.n), array_agg(x.q > 0 AND x.got = x.q ORDER BY x.n),
+               max(x.n) FILTER (WHERE x.got > 0)
+        INTO allow, eligible, last_served
+        FROM (SELECT u.n, u.a, u.q, coalesce(cardinality(array_positions(first_of || slot_of, u.n::integer)), 0) AS got
+              FROM unnest(allow, quotas) WITH ORDINALITY AS u(a, q, n)) x;
+        served := greatest(served, last_served);
+        END IF;
+        taken := taken + got;
+        EXIT WHEN taken >= claim_runs.max_runs;
+    END LOOP;
+
+    -- Where the next claim of this session starts: after the last project served.
+    IF served IS NOT NULL THEN
+        PERFORM set_config('dispatch.claim_cursor', projects[served], false);
+    END IF;
+    IF ended THEN
+        -- fewer runs than asked for although more may be pending: have the claimers come back
+        PERFORM pg_notify('dispatch', 'ended');
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION dispatch.claim_runs(text, integer, interval, interval) IS

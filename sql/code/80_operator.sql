@@ -120,8 +120,8 @@ BEGIN
 
     -- Due at the instant of the call, with its own request id; the schedule's slots stay as
     -- they are (dispatch._advance_schedules leaves them to scheduled runs).
-    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, kind, not_before)
-    SELECT s.id, due.at, due.at, 'manual',
+    INSERT INTO dispatch.runs AS r (schedule_id, project_id, scheduled_for, fire_at, kind, not_before)
+    SELECT s.id, s.project_id, due.at, due.at, 'manual',
            CASE WHEN s.overlap = 'buffer_one' AND open_run.id IS NOT NULL THEN timestamptz 'infinity' END
     FROM (SELECT clock_timestamp() AS at) due  -- one instant: a later fire_at would read as jitter
     RETURNING r.* INTO run;
@@ -170,8 +170,8 @@ BEGIN
                                                upto - interval '1 microsecond', s.timezone, 10000));
     -- Each waits its turn (not_before infinity): dispatch._follow_up lets one go at a time,
     -- oldest first, whenever nothing else of the schedule is open.
-    INSERT INTO dispatch.runs AS r (schedule_id, scheduled_for, fire_at, kind, not_before)
-    SELECT s.id, slot, slot, 'backfill', 'infinity'
+    INSERT INTO dispatch.runs AS r (schedule_id, project_id, scheduled_for, fire_at, kind, not_before)
+    SELECT s.id, s.project_id, slot, slot, 'backfill', 'infinity'
     FROM unnest(slots) AS slot
     WHERE NOT EXISTS (SELECT 1 FROM dispatch.runs x WHERE x.schedule_id = s.id AND x.scheduled_for = slot)
     ON CONFLICT DO NOTHING;

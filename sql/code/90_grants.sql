@@ -87,6 +87,8 @@ GRANT UPDATE (project_id, function_name, cron_expression, timezone, args, enable
     ON dispatch.schedules TO dispatch_admin;
 GRANT DELETE ON dispatch.schedules TO dispatch_admin;
 GRANT UPDATE ON dispatch.settings TO dispatch_admin;
+-- Per-project dispatch settings (max_concurrency, weight): rows an administrator writes.
+GRANT INSERT, UPDATE, DELETE ON dispatch.projects TO dispatch_admin;
 GRANT EXECUTE ON FUNCTION
     dispatch.refresh_timezones(),
     dispatch._prune_runs(bigint, bigint),

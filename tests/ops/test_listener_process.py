@@ -162,8 +162,9 @@ async def test_metrics_scraped_from_a_running_listener(db: psycopg.Connection, d
         assert (await _scrape(port))["pgdispatch_runs_lost_total"] == 0
         db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression,"
                    " max_attempts) VALUES ('acme', 'vanishing', '0 0 1 1 *', 1)")
-        db.execute("INSERT INTO dispatch.runs (schedule_id, scheduled_for, status, worker, attempt,"
-                   " claimed_at, lease_until) SELECT id, now() - interval '1 hour', 'running', 'ghost', 1,"
+        db.execute("INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, status, worker,"
+                   " attempt, claimed_at, lease_until)"
+                   " SELECT id, project_id, now() - interval '1 hour', 'running', 'ghost', 1,"
                    " now() - interval '2 minutes', now() - interval '1 minute'"
                    " FROM dispatch.schedules WHERE function_name = 'vanishing'")
         await until(lambda: _lost(port), within=10, what="the lost run counted")

@@ -1,0 +1,116 @@
+"""Fairness between tenants: claims and the tick's chunks take due work project by project
+(weighted by dispatch.projects.weight), and max_concurrency caps a project's running runs across
+every claimer. Real sessions; concurrent claimers interleave through open transactions."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from tests.runs_kit import claim, expire, make_due, release, scalar
+
+Connect = Callable[..., psycopg.Connection]
+
+
+def add_many(db: psycopg.Connection, project: str, n: int, expr: str = "* * * * *") -> None:
+    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
+               " SELECT %s, 'fn', %s FROM generate_series(1, %s)", (project, expr, n))
+
+
+def projects_of(runs: list[tuple[Any, ...]]) -> Counter[str]:
+    return Counter(str(r[2]) for r in runs)
+
+
+def burst(db: psycopg.Connection, big: int = 500, small: tuple[str, ...] = ("b", "c", "d")) -> None:
+    """Tenant a's `big` schedules and one each of the small tenants, all due at one instant, marked."""
+    add_many(db, "a", big)
+    for p in small:
+        add_many(db, p, 1)
+    make_due(db)
+    assert scalar(db, "SELECT dispatch.tick()") == big + len(small)
+
+
+def test_a_claim_takes_each_projects_first_run_before_anyones_second(db: psycopg.Connection) -> None:
+    burst(db)
+    first = claim(db, "w", 10)
+    assert len(first) == 10
+    assert projects_of(first) == {"a": 7, "b": 1, "c": 1, "d": 1}
+    # one project alone still gets full batches
+    assert projects_of(claim(db, "w", 100)) == {"a": 100}
+
+
+def test_claims_go_round_robin_when_more_projects_are_due_than_a_claim_takes(db: psycopg.Connection) -> None:
+    for p in "pqrstu":
+        add_many(db, p, 3)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    seen = [sorted(projects_of(claim(db, "w", 2))) for _ in range(3)]
+    assert seen == [["p", "q"], ["r", "s"], ["t", "u"]]  # each project once before any twice
+    assert sorted(projects_of(claim(db, "w", 2))) == ["p", "q"]  # and around again
+
+
+def test_weights_share_a_claim(db: psycopg.Connection) -> None:
+    add_many(db, "heavy", 50)
+    add_many(db, "light", 50)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    db.execute("INSERT INTO dispatch.projects (project_id, weight) VALUES ('heavy', 3)")
+    assert projects_of(claim(db, "w", 8)) == {"heavy": 6, "light": 2}
+
+
+def test_max_concurrency_holds_across_concurrent_claimers(db: psycopg.Connection, connect: Connect) -> None:
+    burst(db, big=20, small=("b",))
+    add_many(db, "b", 5, "0 0 1 1 *")
+    db.execute("SELECT dispatch.tick(now() + interval '1 year')")
+    db.execute("INSERT INTO dispatch.projects (project_id, max_concurrency) VALUES ('a', 3)")
+    one, two = connect(autocommit=False), connect(autocommit=False)
+    # the first claimer holds a's row until it commits: the second skips a, takes b's others
+    first = claim(one, "one", 8)
+    second = claim(two, "two", 8)
+    assert projects_of(first) == {"a": 3, "b": 5}  # a: its cap, b: the rest of the batch
+    assert projects_of(second) == {"b": 1}
+    one.commit()
+    two.commit()
+    # now a has 3 running: nobody gets a fourth
+    assert projects_of(claim(two, "two", 10))["a"] == 0
+    two.commit()
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE project_id = 'a' AND status = 'running'") == 3
+
+
+def test_max_concurrency_holds_across_a_release_and_an_expiry(db: psycopg.Connection) -> None:
+    burst(db, big=20, small=())
+    db.execute("INSERT INTO dispatch.projects (project_id, max_concurrency) VALUES ('a', 2)")
+    held = claim(db, "w", 10, lease="1 second")
+    assert len(held) == 2
+    assert claim(db, "w", 10) == []
+    release(db, "w", held[:1])
+    assert len(claim(db, "w", 10)) == 1  # the released slot, and only it
+    expire(db, held[1][0])  # its lease runs out: pending again, one slot free
+    assert len(claim(db, "w", 10)) == 1
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE status = 'running'") == 2
+    db.execute("UPDATE dispatch.projects SET max_concurrency = NULL")
+    assert len(claim(db, "w", 30)) == 18
+
+
+def test_open_runs_follow_their_schedule_to_another_project(db: psycopg.Connection) -> None:
+    burst(db, big=3, small=())
+    sid = scalar(db, "SELECT schedule_id FROM dispatch.runs ORDER BY id LIMIT 1")
+    db.execute("UPDATE dispatch.schedules SET project_id = 'z' WHERE id = %s", (sid,))
+    assert scalar(db, "SELECT project_id FROM dispatch.runs WHERE schedule_id = %s", (sid,)) == "z"
+    assert projects_of(claim(db, "w", 10)) == {"a": 2, "z": 1}
+
+
+def test_a_chunk_marks_every_projects_first_due_schedules_first(db: psycopg.Connection) -> None:
+    add_many(db, "a", 300)
+    for p in "bcdefghijk":
+        add_many(db, p, 1)
+    make_due(db)
+    marked, taken = db.execute("SELECT marked, taken FROM dispatch.tick_chunk(40)").fetchone()  # type: ignore[misc]
+    assert (marked, taken) == (40, 40)
+    by_project = dict(db.execute("SELECT project_id, count(*) FROM dispatch.runs GROUP BY 1").fetchall())
+    assert by_project == {"a": 30, **{p: 1 for p in "bcdefghijk"}}
+    # the rest as before, all of it
+    assert scalar(db, "SELECT dispatch.tick()") == 270
