@@ -21,7 +21,10 @@ due at once, one and two listeners, against a bare aiohttp loop and the listener
 stack, nginx sink, py-spy profile), bench.memory (1,000 invocations in flight) and bench.prune
 (a backlog of 100,000 and 400,000 old runs: cost per row pruned) and bench.stampede (100,000
 schedules due at one instant: first, median and last request, with one and two listeners).
---quick shrinks every size for a smoke run; its figures are not the README's.
+Last, bench.against: end to end against the last release (LAST_RELEASE), side by side in one
+window, so that the table shows a regression of the hot path beside the goals.
+--quick shrinks every size for a smoke run (and leaves out the comparison); its figures are not
+the README's.
 
 Not in this run (about 10 minutes on its own): `python -m bench.peers [--quick]`, pgdispatch
 beside its peers, side by side in one window: queue throughput against Graphile Worker and
@@ -43,6 +46,9 @@ from typing import Any
 
 from bench import against
 
+# The last release, which the hot path is held against: round 1 (issue #22).
+LAST_RELEASE = "3b94f50"
+
 FULL = [
     ("bench.cron_next", []),
     ("bench.tick", []),
@@ -53,6 +59,8 @@ FULL = [
     ("bench.memory", []),
     ("bench.prune", []),
     ("bench.stampede", []),
+    # No regression: end to end against the last release, side by side (bench/against.py).
+    ("bench.against", [LAST_RELEASE]),
 ]
 QUICK = [
     ("bench.cron_next", ["--calls", "2000"]),
@@ -115,6 +123,14 @@ def table(f: dict[str, Any], sizes: list[int], listener_counts: list[int]) -> li
                 f"| uvloop {f[f'e2e_1l_{max(sizes)}'] / rate - 1:+.0%}; CPU a run: listener "
                 f"{f[key + '_cpu_listeners']:.0f} µs, PostgreSQL {f[key + '_cpu_PostgreSQL']:.0f} µs |")
     rows += stampede_rows(f)
+    if "against_ratio" in f:
+        rows.append(
+            f"| End to end against {f['against_rev']} (the last release), side by side, 1 listener, "
+            f"10,000 due | {f['against_this']:,.0f} against {f['against_other']:,.0f} runs/s "
+            f"(x {f['against_ratio']:.2f}) | at least as fast: {verdict(f['against_ratio'] >= 1)} "
+            f"| x bare aiohttp {f['against_this_bare']:.2f} against {f['against_other_bare']:.2f}; a run: "
+            f"blocks hit x {f['against_blocks hit_ratio']:.2f}, WAL x {f['against_WAL bytes_ratio']:.2f}, "
+            f"commits x {f['against_commits_ratio']:.2f} |")
     claim_as_fast = ("runs_project_pending_idx" in f["claim_plan_full"]
                      and f["claim_ms_full"] <= 1.5 * f["claim_ms_empty"])
     size = min(sizes)
@@ -181,7 +197,7 @@ def stampede_rows(f: dict[str, Any]) -> list[str]:
 
 
 # The benchmarks whose cluster follows --fsync-off.
-FOLLOW_FSYNC = {"bench.dispatch", "bench.stampede", "bench.complete_pgbench"}
+FOLLOW_FSYNC = {"bench.dispatch", "bench.stampede", "bench.complete_pgbench", "bench.against"}
 
 
 def main() -> None:

@@ -47,6 +47,7 @@ from bench.common import (
     cluster_dir,
     cluster_kind,
     install_revision,
+    record,
     start_cluster,
     stop_cluster,
 )
@@ -223,6 +224,14 @@ def measure(*, against: str, rounds: int, runs: int, listener_count: int, concur
     if statements:
         for side in sides:
             print_statements(side)
+    def median_ratio(values: str) -> float:
+        return statistics.median(this.counts[values]) / statistics.median(other.counts[values])
+
+    record(against_rev=other.label, against_ratio=ratio,
+           **{f"against_{key}_ratio": median_ratio(key) for key in ("blocks hit", "WAL bytes", "commits")},
+           against_this=statistics.median(this.rates), against_other=statistics.median(other.rates),
+           against_this_bare=statistics.median(this.ratios),
+           against_other_bare=statistics.median(other.ratios))
     return {"against_ratio": ratio, "against_this": statistics.median(this.rates),
             "against_other": statistics.median(other.rates)}
 
