@@ -1712,8 +1712,16 @@ BEGIN
     -- them). Every plan made then takes runs for a row or two, and the marking's probes of it
     -- became full scans of an index for each due schedule: one chunk ran for minutes. The
     -- statistics are mended before the marking is planned, without waiting for a lock that an
-    -- autovacuum or another ANALYZE holds (a later tick tries again).
-    IF (SELECT c.reltuples < pg_stat_get_live_tuples(c.oid) / 2 AND pg_stat_get_live_tuples(c.oid) > 10000
+    -- autovacuum or another ANALYZE holds (a later tick tries again). Two signs: the statistics
+    -- system counts twice the rows the planner assumes; or the planner assumes next to none while
+    -- a thousand runs are open, counted here (at most 1,000 entries of runs_open_idx), since in
+    -- the first seconds of a big instant the statistics system does not count yet what the first
+    -- chunk committed (a backend reports it at most once a second), and the next chunk's plan was
+    -- the one that ran into its timeout.
+    IF (SELECT (c.reltuples < pg_stat_get_live_tuples(c.oid) / 2 AND pg_stat_get_live_tuples(c.oid) > 10000)
+               OR (c.reltuples < 500
+                   AND (SELECT count(*) FROM (SELECT FROM dispatch.runs r WHERE r.status IN ('pending', 'running')
+                                              LIMIT 1000) o) = 1000)
         FROM pg_class c WHERE c.oid = 'dispatch.runs'::regclass) THEN
         ANALYZE (SKIP_LOCKED) dispatch.runs;
     END IF;
