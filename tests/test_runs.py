@@ -476,7 +476,7 @@ def test_a_tick_mends_statistics_that_say_runs_is_empty(db: psycopg.Connection, 
     assert scalar(ticker, "SELECT taken FROM dispatch.tick_chunk(100)") == 0  # nothing left to mend
 
 
-def test_a_chunk_mends_statistics_the_statistics_system_has_not_caught_up_with(db: psycopg.Connection) -> None:
+def test_a_chunk_mends_statistics_not_counted_yet(db: psycopg.Connection) -> None:
     """The same statistics, in the first seconds of a big instant: an autovacuum has just set runs
     at no rows, and the statistics system does not count the runs the first chunk committed yet
     (a backend reports them at most once a second). The next chunk's probes of runs were full
