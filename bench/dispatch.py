@@ -169,10 +169,16 @@ class Round:
 
 
 def end_to_end(db: psycopg.Connection, sink: NginxSink, *, runs: int, listener_pids: list[int],
-               pg_dir: Path, lead_s: int = 2) -> Round:
+               pg_dir: Path, lead_s: int = 2, on_minute: bool = False) -> Round:
     """`runs` schedules due at one instant, lead_s ahead: the listeners' timers tick then. The
     lead must outlast the UPDATE that sets it (100,000 rows take about 2 s), or the instant
-    passes before anyone can see it and the bench's own lateness is counted as the listeners'."""
+    passes before anyone can see it and the bench's own lateness is counted as the listeners'.
+    on_minute: the first minute boundary at least lead_s ahead instead, where pg_cron's
+    dispatch-tick fires too (the top of the hour as a user has it)."""
+    if on_minute:
+        row = db.execute("SELECT extract(epoch FROM date_trunc('second', now()))::float8").fetchone()
+        assert row is not None
+        lead_s += -int(row[0] + lead_s) % 60
     postmaster = int((pg_dir / "postmaster.pid").read_text().split()[0])
     sink_pids = sink.pids()
     meters: dict[str, Callable[[], float]] = {

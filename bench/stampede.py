@@ -16,6 +16,12 @@ listener, ≤ 12 s with two; RSS ≤ 150 MB; no lease expiring.
 round the statements that took the most time are printed, in microseconds a run. The profiler
 costs time of its own: the figures of such a run are not the results table's.
 
+--with-pg-cron puts the instant on a minute boundary and installs pg_cron's dispatch-tick for the
+database, as at a user's top of the hour: pg_cron's tick then marks, in one statement, whatever
+due schedules the listeners' chunks have not locked, at the same instant (by default the bench
+database has no pg_cron job and the instant is a whole second, so the listeners are measured
+alone). Its figures are printed, not put in the results table.
+
 The private cluster (--dir, default .pgdata/bench-stampede-durable) is durable, with PostgreSQL's
 defaults; --fsync-off uses one with fsync, synchronous_commit and full_page_writes off
 (.pgdata/bench-stampede-fsync-off), labelled as such.
@@ -95,7 +101,8 @@ def print_statements(db: psycopg.Connection, runs: int, top: int = 14) -> None:
 
 
 def measure(*, schedules: int, listener_counts: list[int], concurrency: int, data_dir: Path,
-            log_level: str = "info", statements: bool = False, fast: bool = False) -> dict[str, float]:
+            log_level: str = "info", statements: bool = False, fast: bool = False,
+            with_pg_cron: bool = False) -> dict[str, float]:
     port = start_cluster(data_dir, fast=fast)
     if statements:
         set_statements_profile(port, True)
@@ -103,11 +110,17 @@ def measure(*, schedules: int, listener_counts: list[int], concurrency: int, dat
         port = start_cluster(data_dir, fast=fast)
         set_statements_profile(port, True)
     results: dict[str, float] = {}
+    admin_url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
     try:
         url = recreate_database(port, DATABASE)
+        if with_pg_cron:
+            with psycopg.connect(admin_url, autocommit=True) as admin:
+                admin.execute("SELECT cron.schedule_in_database('dispatch-tick', '* * * * *',"
+                              " 'SELECT dispatch.tick()', %s)", (DATABASE,))
         with NginxSink() as sink, psycopg.connect(url, autocommit=True) as db:
             print(f"stampede: {schedules:,} schedules on '0 * * * *', no jitter, all due at one instant; "
                   f"nginx sink; {os.cpu_count()} CPUs shared by PostgreSQL, sink and listeners; "
+                  f"{'on a minute boundary, with pg_cron ticking then too; ' if with_pg_cron else ''}"
                   f"cluster {cluster_kind(fast)}")
             db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
                        " SELECT 'bench', 'sink', '0 * * * *', jsonb_build_object('i', i)"
@@ -124,7 +137,7 @@ def measure(*, schedules: int, listener_counts: list[int], concurrency: int, dat
                 with listeners(count, url=url, template=sink.template, concurrency=concurrency,
                                log_dir=data_dir, log_level=log_level) as pids:
                     result = end_to_end(db, sink, runs=schedules, listener_pids=pids,
-                                        pg_dir=data_dir / "data", lead_s=8)
+                                        pg_dir=data_dir / "data", lead_s=8, on_minute=with_pg_cron)
                     rss = max(peak_rss_mb(pid) for pid in pids)
                 instant_runs = db.execute(
                     "SELECT count(*) FILTER (WHERE attempt > 1), count(*) FILTER (WHERE status <> 'ok')"
@@ -147,9 +160,12 @@ def measure(*, schedules: int, listener_counts: list[int], concurrency: int, dat
     finally:
         if statements:
             set_statements_profile(port, False)
+        if with_pg_cron:
+            with psycopg.connect(admin_url, autocommit=True) as admin:
+                admin.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE database = %s", (DATABASE,))
         stop_cluster(data_dir, check=False)
-    if statements:
-        return results  # the profiler's figures are not the results table's
+    if statements or with_pg_cron:
+        return results  # the profiler's figures, or pg_cron's, are not the results table's
     record(stampede_schedules=schedules, stampede_cluster=cluster_kind(fast), **results)
     return results
 
@@ -165,12 +181,16 @@ def main() -> None:
                         help="a cluster with fsync, synchronous_commit and full_page_writes off "
                              "(not durable)")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--with-pg-cron", action="store_true",
+                        help="the instant on a minute boundary, with pg_cron's dispatch-tick installed "
+                             "for the database: it fires then too, as at a user's top of the hour")
     parser.add_argument("--statements", action="store_true",
                         help="profile the database's statements with pg_stat_statements (see above)")
     args = parser.parse_args()
     measure(schedules=args.schedules, listener_counts=[int(n) for n in args.listeners.split(",")],
             concurrency=args.concurrency, data_dir=args.dir or cluster_dir("bench-stampede", args.fsync_off),
-            log_level=args.log_level, statements=args.statements, fast=args.fsync_off)
+            log_level=args.log_level, statements=args.statements, fast=args.fsync_off,
+            with_pg_cron=args.with_pg_cron)
 
 
 if __name__ == "__main__":
