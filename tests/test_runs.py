@@ -397,11 +397,18 @@ def _schedules_with_history(db: psycopg.Connection) -> None:
                " FROM dispatch.schedules s CROSS JOIN generate_series(1, 5) k")
 
 
-def _statistics_as_the_autovacuum_left_them(db: psycopg.Connection) -> None:
+def _statistics_as_the_autovacuum_left_them(db: psycopg.Connection, rows: int = 1) -> None:
     """What an autovacuum that ran while a chunk was being inserted leaves: the table's pages, and
-    one row in them."""
-    db.execute("UPDATE pg_class SET relpages = pg_relation_size(oid) / 8192, reltuples = 1"
-               " WHERE oid = 'dispatch.runs'::regclass")
+    a row (or none) in them."""
+    db.execute("UPDATE pg_class SET relpages = pg_relation_size(oid) / 8192, reltuples = %s"
+               " WHERE oid = 'dispatch.runs'::regclass", (rows,))
+
+
+def _index_entries_read(db: psycopg.Connection, index: str | None = None) -> int:
+    """Entries read so far from an index of dispatch.runs (None: from all of them)."""
+    db.execute("SELECT pg_stat_force_next_flush()")
+    return int(scalar(db, "SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE schemaname = 'dispatch'"
+                          " AND relname = 'runs' AND indexrelname = coalesce(%s, indexrelname)", (index,)))
 
 
 def test_claim_and_completion_find_runs_by_id_whatever_the_statistics_say(db: psycopg.Connection) -> None:
@@ -413,18 +420,14 @@ def test_claim_and_completion_find_runs_by_id_whatever_the_statistics_say(db: ps
     assert scalar(db, "SELECT dispatch.tick()") == 3000
     _statistics_as_the_autovacuum_left_them(db)
 
-    def slot_key_entries_read() -> int:
-        db.execute("SELECT pg_stat_force_next_flush()")
-        return int(scalar(db, "SELECT idx_tup_read FROM pg_stat_user_indexes"
-                              " WHERE indexrelname = 'runs_slot_key'"))
-
-    before = slot_key_entries_read()
+    before = _index_entries_read(db, "runs_slot_key")
     for _ in range(8):  # past the five custom plans PL/pgSQL makes before it may keep a generic one
         runs = claim(db, "w", 100)
         assert len(runs) == 100
         results = complete_many(db, "w", [(run[0], run[7], "ok", None) for run in runs])
         assert all(recorded for _, recorded, *_ in results)
-    assert slot_key_entries_read() - before < 3000, "a claim or a completion scanned runs_slot_key"
+    read = _index_entries_read(db, "runs_slot_key") - before
+    assert read < 3000, "a claim or a completion scanned runs_slot_key"
 
 
 def test_completions_do_not_rescan_the_runs_that_finished_before(db: psycopg.Connection) -> None:
@@ -437,19 +440,14 @@ def test_completions_do_not_rescan_the_runs_that_finished_before(db: psycopg.Con
     assert scalar(db, "SELECT dispatch.tick()") == 2000
     db.execute("VACUUM ANALYZE dispatch.runs")
 
-    def running_index_entries_read() -> int:
-        db.execute("SELECT pg_stat_force_next_flush()")
-        return int(scalar(db, "SELECT idx_tup_read FROM pg_stat_user_indexes"
-                              " WHERE indexrelname = 'runs_running_lease_idx'"))
-
-    before = running_index_entries_read()
+    before = _index_entries_read(db, "runs_running_lease_idx")
     for _ in range(20):
         runs = claim(db, "w", 100)
         assert len(runs) == 100
         results = complete_many(db, "w", [(run[0], run[7], "ok", None) for run in runs])
         assert all(recorded for _, recorded, *_ in results)
     # 21,000 entries when each completion read the 100 x k its predecessors left
-    assert running_index_entries_read() - before < 2000
+    assert _index_entries_read(db, "runs_running_lease_idx") - before < 2000
 
 
 def test_a_tick_mends_statistics_that_say_runs_is_empty(db: psycopg.Connection, connect: Connect) -> None:
@@ -480,8 +478,8 @@ def test_a_chunk_mends_statistics_not_counted_yet(db: psycopg.Connection) -> Non
     """The same statistics, in the first seconds of a big instant: an autovacuum has just set runs
     at no rows, and the statistics system does not count the runs the first chunk committed yet
     (a backend reports them at most once a second). The next chunk's probes of runs were full
-    index scans for each due schedule, and a stampede of 100,000 took 80 s instead of 17 (the
-    chunk of 32,000 ran into its 30 s timeout). A chunk that finds more open runs than the
+    index scans for each due schedule, and a stampede of 100,000 took 80 s instead of 17 (a
+    chunk ran into its 30 s timeout). A chunk that finds more open runs than the
     statistics say the table holds analyzes it first."""
     db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
                " SELECT 'p', 'f', '0 0 1 1 *' FROM generate_series(1, 40000)")
@@ -489,20 +487,14 @@ def test_a_chunk_mends_statistics_not_counted_yet(db: psycopg.Connection) -> Non
     make_due(db)
     assert scalar(db, "SELECT marked FROM dispatch.tick_chunk(2000)") == 2000
     assert scalar(db, "SELECT marked FROM dispatch.tick_chunk(8000)") == 8000
-    db.execute("UPDATE pg_class SET relpages = pg_relation_size(oid) / 8192, reltuples = 0"
-               " WHERE oid = 'dispatch.runs'::regclass")
+    _statistics_as_the_autovacuum_left_them(db, rows=0)
     db.execute("SELECT pg_stat_reset_single_table_counters('dispatch.runs'::regclass)")
 
-    def runs_index_entries_read() -> int:
-        db.execute("SELECT pg_stat_force_next_flush()")
-        return int(scalar(db, "SELECT sum(idx_tup_read) FROM pg_stat_user_indexes"
-                              " WHERE relname = 'runs' AND schemaname = 'dispatch'"))
-
-    before = runs_index_entries_read()
+    before = _index_entries_read(db)
     db.execute("SET statement_timeout = '20s'")  # the full scans took a minute here
     assert scalar(db, "SELECT marked FROM dispatch.tick_chunk(8000)") == 8000
     # each due schedule probes its slot and its open runs: a few entries, not the whole index
-    assert runs_index_entries_read() - before < 10 * 8000
+    assert _index_entries_read(db) - before < 10 * 8000
     assert float(scalar(db, "SELECT reltuples FROM pg_class WHERE oid = 'dispatch.runs'::regclass")) >= 10000
 
 
