@@ -153,7 +153,7 @@ def print_statements(revision: Revision, least: float = 0.2) -> None:
 
 
 def measure(*, against: str, rounds: int, runs: int, listener_count: int, concurrency: int,
-            fast: bool, data_dir: Path, statements: bool = False) -> dict[str, float]:
+            fast: bool, data_dir: Path, statements: bool = False) -> dict[str, float | str]:
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=True,
                           capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
@@ -227,13 +227,14 @@ def measure(*, against: str, rounds: int, runs: int, listener_count: int, concur
     def median_ratio(values: str) -> float:
         return statistics.median(this.counts[values]) / statistics.median(other.counts[values])
 
-    record(against_rev=other.label, against_ratio=ratio,
-           **{f"against_{key}_ratio": median_ratio(key) for key in ("blocks hit", "WAL bytes", "commits")},
-           against_this=statistics.median(this.rates), against_other=statistics.median(other.rates),
-           against_this_bare=statistics.median(this.ratios),
-           against_other_bare=statistics.median(other.ratios))
-    return {"against_ratio": ratio, "against_this": statistics.median(this.rates),
-            "against_other": statistics.median(other.rates)}
+    figures: dict[str, float | str] = {
+        "against_rev": other.label, "against_ratio": ratio,
+        **{f"against_{key}_ratio": median_ratio(key) for key in ("blocks hit", "WAL bytes", "commits")},
+        "against_this": statistics.median(this.rates), "against_other": statistics.median(other.rates),
+        "against_this_bare": statistics.median(this.ratios),
+        "against_other_bare": statistics.median(other.ratios)}
+    record(**figures)
+    return figures
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, fsync_off: bool = True) -> None:
