@@ -240,7 +240,7 @@ BEGIN
         -- clock: the slots that came due while the run was open are the overlap policy's, and
         -- skip drops them. Under catchup all, to the next slot when that came due before the
         -- run started (missed while nothing ran: caught up, one at a time).
-        SELECT s.id, s.cron_expression, s.cron_spec, s.timezone,
+        SELECT s.id, s.ctid AS tid, s.cron_expression, s.cron_spec, s.timezone,
                greatest(s.last_slot, l.scheduled_for) AS last_slot,
                s.next_run_at <= greatest(s.last_slot, l.scheduled_for) AS behind,
                CASE WHEN s.catchup = 'all'
@@ -283,7 +283,7 @@ BEGIN
         FROM sched x
         JOIN latest l ON l.schedule_id = x.id
         LEFT JOIN slots n ON x.behind AND n.cron_spec = x.cron_spec AND n.timezone = x.timezone AND n.after = x.after
-        WHERE s.id = x.id
+        WHERE s.ctid = x.tid
     ), gaps AS (
         -- the slots passed over, when the run finished at least a slot's length after its own:
         -- they came due while it was open (invariant 8). Looked for only past the shortest
@@ -783,6 +783,32 @@ $$;
 --
 
 COMMENT ON FUNCTION dispatch._claim_quotas(need integer, weights integer[], allow integer[], eligible boolean[]) IS 'Arithmetic of dispatch.claim_runs: need split by weight among the eligible projects with allowance left (floor of each share, the remainder one each in order), each capped by its allowance.';
+
+
+--
+-- Name: _claim_verdict(dispatch.runs, dispatch.schedules); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._claim_verdict(r dispatch.runs, s dispatch.schedules) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
+                WHEN dispatch._missed(r, s) THEN 'stale'
+                WHEN r.not_before IS NOT NULL AND r.attempt OPERATOR(pg_catalog.>) r.released
+                     AND r.attempt OPERATOR(pg_catalog.-) r.released OPERATOR(pg_catalog.>=) s.max_attempts THEN 'late'
+                WHEN r.not_before IS NOT NULL AND r.kind OPERATOR(pg_catalog.=) 'scheduled'
+                     AND r.attempt OPERATOR(pg_catalog.>) r.released
+                     AND pg_catalog.now() OPERATOR(pg_catalog.>=) dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone)
+                THEN 'late'
+                ELSE 'live' END
+$$;
+
+
+--
+-- Name: FUNCTION _claim_verdict(r dispatch.runs, s dispatch.schedules); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch._claim_verdict(r dispatch.runs, s dispatch.schedules) IS 'What dispatch.claim_runs does with a pending run it locked: live (starts it), stale (ends it skipped: its schedule stopped, or its first attempt missed misfire_grace) or late (ends it error: a retry beyond max_attempts or past the next slot).';
 
 
 --
@@ -1695,7 +1721,7 @@ CREATE FUNCTION dispatch._mark_due(horizon timestamp with time zone, max_runs in
     AS $$
 DECLARE
     requeued integer := 0;
-    plain_ids uuid[];
+    plain_at tid[];
     by_policy uuid[];
     changed_since uuid[];
     sid uuid;
@@ -1755,36 +1781,35 @@ BEGIN
             IF heads IS NULL THEN
                 CONTINUE;
             END IF;
-            plain_ids := heads;
+            -- where the heads lie: _due_heads locked them, so they stay there
+            plain_at := ARRAY(SELECT s.ctid FROM dispatch.schedules s WHERE s.id = ANY (heads));
             got := cardinality(heads);
         ELSE
         WITH due AS MATERIALIZED (
-            SELECT s.id, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
-                   s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
+            SELECT s.id, s.ctid AS tid, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
+                   s.overlap <> 'allow' AND o.open = 0 AND s.backoff_reason IS NULL
                    AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter) AS plain
             FROM dispatch.schedules s
-            LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
-            -- The open runs, counted only when it matters: under skip, a slot whose own run is
-            -- open is left alone whatever else is open (1 stands for "some"). After a stampede
-            -- every due schedule is one of those, and counting cost each tick 7 us a schedule.
+            -- Its open runs: one probe of runs_open_idx. Under skip, and for a chunk, any open
+            -- run leaves the schedule alone, unlocked: that is how later chunks and the tick
+            -- after them pass over the schedules marked before. Whether a run already stands on
+            -- the slot (one that finished while the schedule stayed on it) is the second
+            -- statement's to see: it sends such a schedule to the policies.
             -- (OFFSET 0: evaluated once a row, not once for each place that reads it.)
-            CROSS JOIN LATERAL (SELECT CASE WHEN s.overlap = 'skip' AND r.status IN ('pending', 'running')
-                                                 AND NOT dispatch._waits_its_turn(r) THEN 1
-                                            ELSE (SELECT count(*) FROM dispatch.runs x
-                                                  WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
-                                                    AND NOT dispatch._waits_its_turn(x))
-                                       END AS open
+            CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
+                                WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
+                                  AND NOT dispatch._waits_its_turn(x)
                                 OFFSET 0) o
             WHERE s.next_run_at <= horizon
               AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
               AND (max_runs IS NULL
-                   OR (s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
+                   OR (s.overlap <> 'allow' AND o.open = 0 AND s.backoff_reason IS NULL
                        AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)))
             LIMIT max_runs - taken  -- NULL: all
             FOR NO KEY UPDATE OF s SKIP LOCKED
         )
-        SELECT count(*), array_agg(d.id) FILTER (WHERE d.plain), array_agg(d.id) FILTER (WHERE NOT d.plain)
-        INTO got, plain_ids, more_policy
+        SELECT count(*), array_agg(d.tid) FILTER (WHERE d.plain), array_agg(d.id) FILTER (WHERE NOT d.plain)
+        INTO got, plain_at, more_policy
         FROM due d;
         by_policy := by_policy || more_policy;
         END IF;
@@ -1799,7 +1824,8 @@ BEGIN
                    AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
                                    WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at) AS plain
             FROM dispatch.schedules s
-            WHERE s.id = ANY (plain_ids)
+            -- where the first statement locked them: no descent of schedules_pkey for each
+            WHERE s.ctid = ANY (plain_at)
         ), slot AS (
             -- The slot to run: next_run_at when on time (cron slots are at least a minute apart,
             -- interval slots every_us, so none was missed) or under catchup all (the oldest
@@ -2613,10 +2639,10 @@ $$;
 
 
 --
--- Name: _start_runs(bigint[], text, interval, interval); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _start_runs(tid[], text, interval, interval); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._start_runs(ids bigint[], worker text, lease interval, default_timeout interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone, timeout interval, fire_at timestamp with time zone, kind text)
+CREATE FUNCTION dispatch._start_runs(tids tid[], worker text, lease interval, default_timeout interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone, timeout interval, fire_at timestamp with time zone, kind text)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_indexscan TO 'off'
@@ -2637,7 +2663,7 @@ BEGIN
         held_by_breaker = false,
         attempt = r.attempt + 1
     FROM dispatch.schedules s
-    WHERE r.id = ANY (_start_runs.ids) AND s.id = r.schedule_id
+    WHERE r.ctid = ANY (_start_runs.tids) AND s.id = r.schedule_id
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
               r.request_id, r.scheduled_for, r.attempt, r.lease_until,
               coalesce(s.timeout, _start_runs.default_timeout), r.fire_at, r.kind;
@@ -2669,14 +2695,14 @@ COMMENT ON FUNCTION dispatch._stopped_as(s dispatch.schedules) IS 'What stopped 
 -- Name: _take_running(bigint[], integer[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[]) RETURNS bigint[]
+CREATE FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[], OUT ids bigint[], OUT tids tid[]) RETURNS record
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_indexscan TO 'off'
     SET enable_seqscan TO 'off'
     AS $$
-    SELECT array_agg(l.id)
-    FROM (SELECT x.id
+    SELECT array_agg(l.id), array_agg(l.ctid)
+    FROM (SELECT x.id, x.ctid
           FROM dispatch.runs x
           JOIN dispatch.schedules s ON s.id = x.schedule_id
           WHERE x.id = ANY (_take_running.run_ids) AND x.status || '' = 'running'
@@ -3033,8 +3059,13 @@ DECLARE
     quotas integer[];
     first_ids bigint[];
     first_of integer[];
+    first_verdicts text[];
+    first_tids tid[];
     slot_ids bigint[];
     slot_of integer[];
+    slot_verdicts text[];
+    slot_tids tid[];
+    live_tids tid[];
     live_ids bigint[];
     late_ids bigint[];
     stale_ids bigint[];
@@ -3130,51 +3161,41 @@ BEGIN
         END IF;
         EXIT WHEN (SELECT coalesce(sum(q), 0) FROM unnest(quotas) q) = 0;
 
-        SELECT array_agg(x.id), array_agg(u.n::integer)
-        INTO first_ids, first_of
+        -- Each run is locked, then judged with its schedule in the same statement (a schedule's
+        -- row is read for the runs this claim holds, not for those it skipped).
+        SELECT array_agg((x.r).id), array_agg(x.tid), array_agg(u.n::integer), array_agg(dispatch._claim_verdict(x.r, s))
+        INTO first_ids, first_tids, first_of, first_verdicts
         FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
         CROSS JOIN LATERAL (
-            SELECT r.id FROM dispatch.runs r
+            SELECT r, r.ctid AS tid FROM dispatch.runs r
             WHERE r.project_id = u.project_id AND r.status = 'pending'
               AND r.not_before IS NOT NULL AND r.not_before <= now()
             ORDER BY r.project_id, r.not_before, r.id
             LIMIT u.quota
             FOR UPDATE SKIP LOCKED) x
+        JOIN dispatch.schedules s ON s.id = (x.r).schedule_id
         WHERE u.quota > 0;
-        SELECT array_agg(x.id), array_agg(u.n::integer)
-        INTO slot_ids, slot_of
+        SELECT array_agg((x.r).id), array_agg(x.tid), array_agg(u.n::integer), array_agg(dispatch._claim_verdict(x.r, s))
+        INTO slot_ids, slot_tids, slot_of, slot_verdicts
         FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
         CROSS JOIN LATERAL (
-            SELECT r.id FROM dispatch.runs r
+            SELECT r, r.ctid AS tid FROM dispatch.runs r
             WHERE r.project_id = u.project_id AND r.status = 'pending' AND r.not_before IS NULL
             ORDER BY r.project_id, r.scheduled_for, r.id
             LIMIT u.quota - coalesce(cardinality(array_positions(first_of, u.n::integer)), 0)
             FOR UPDATE SKIP LOCKED) x
+        JOIN dispatch.schedules s ON s.id = (x.r).schedule_id
         WHERE u.quota > coalesce(cardinality(array_positions(first_of, u.n::integer)), 0);
         EXIT WHEN first_ids IS NULL AND slot_ids IS NULL;
 
-        -- Some runs are not handed out. A retry that can no longer start before its
-        -- schedule's next slot, or that max_attempts (lowered since) no longer allows, ends
-        -- error (late_ids). A run whose schedule stopped, or whose first attempt cannot start
-        -- within misfire_grace, ends skipped (stale_ids): the transaction that stopped a
-        -- schedule ended every run it could see, this ends those that became pending behind its
-        -- back (a release or a lease expiry racing it).
-        SELECT array_agg(p.id) FILTER (WHERE p.state = 'live'), array_agg(p.id) FILTER (WHERE p.state = 'late'),
-               array_agg(p.id) FILTER (WHERE p.state = 'stale')
+        -- Some runs are not handed out (dispatch._claim_verdict): late ones end error, stale ones
+        -- end skipped. The transaction that stopped a schedule ended every run it could see;
+        -- this ends those that became pending behind its back (a release or a lease expiry
+        -- racing it).
+        SELECT array_agg(c.id) FILTER (WHERE c.verdict = 'live'), array_agg(c.id) FILTER (WHERE c.verdict = 'late'),
+               array_agg(c.id) FILTER (WHERE c.verdict = 'stale')
         INTO live_ids, late_ids, stale_ids
-        FROM (SELECT r.id,
-                     CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
-                          WHEN dispatch._missed(r, s) THEN 'stale'
-                          -- a retry: max_attempts lowered during its back-off, or past the next slot
-                          WHEN r.not_before IS NOT NULL AND r.attempt > r.released
-                               AND r.attempt - r.released >= s.max_attempts THEN 'late'
-                          WHEN r.not_before IS NOT NULL AND r.kind = 'scheduled' AND r.attempt > r.released
-                               AND now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
-                          ELSE 'live' END AS state
-              -- each by id (runs_pkey), whatever the statistics say (see dispatch._start_runs)
-              FROM unnest(first_ids || slot_ids) AS c(id)
-              CROSS JOIN LATERAL (SELECT x.* FROM dispatch.runs x WHERE x.id = c.id OFFSET 0) r
-              JOIN dispatch.schedules s ON s.id = r.schedule_id) p;
+        FROM unnest(first_ids || slot_ids, first_verdicts || slot_verdicts) AS c(id, verdict);
 
         IF late_ids IS NOT NULL OR stale_ids IS NOT NULL THEN
             PERFORM dispatch._end_late_retries(late_ids);
@@ -3184,7 +3205,11 @@ BEGIN
         -- runs of a function whose breaker is open wait, but for its probe (39_breakers.sql)
         live_ids := dispatch._hold_for_breakers(live_ids);
         IF live_ids IS NOT NULL AND live_ids <> '{}' THEN
-            RETURN QUERY SELECT * FROM dispatch._start_runs(live_ids, claim_runs.worker, claim_runs.lease,
+            -- started where the pick found them: locked since, and moved by nothing above
+            SELECT array_agg(c.tid) INTO live_tids
+            FROM unnest(first_ids || slot_ids, first_tids || slot_tids) AS c(id, tid)
+            WHERE c.id = ANY (live_ids);
+            RETURN QUERY SELECT * FROM dispatch._start_runs(live_tids, claim_runs.worker, claim_runs.lease,
                                                             claim_runs.default_timeout);
         END IF;
 
@@ -3267,6 +3292,7 @@ CREATE FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts i
 DECLARE
     clock constant timestamptz := clock_timestamp();
     taken bigint[];
+    taken_at tid[];
     held bigint[];
     retried_ids bigint[];
     retried_at timestamptz[];
@@ -3287,7 +3313,7 @@ BEGIN
     -- The fence: a run is recorded only while it is running with the attempt the caller was
     -- given, whatever worker names it; a late outcome from an expired lease never lands on its
     -- successor. Its row and its schedule's are taken without waiting (invariant 3).
-    taken := dispatch._take_running(complete_runs.run_ids, complete_runs.attempts);
+    SELECT t.ids, t.tids INTO taken, taken_at FROM dispatch._take_running(complete_runs.run_ids, complete_runs.attempts) t;
     -- the breakers of their functions count the failures, close on an answer (39_breakers.sql)
     PERFORM dispatch._breaker_outcomes(taken, complete_runs.run_ids, complete_runs.statuses,
                                        complete_runs.retryable, complete_runs.errors);
@@ -3359,7 +3385,8 @@ BEGIN
         FROM unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
                     complete_runs.http_statuses, complete_runs.durations_ms)
              AS i(id, status, error, http_status, duration_ms)
-        WHERE x.id = i.id AND x.id = ANY (taken) AND x.id <> ALL (coalesce(retried_ids, '{}'))
+        -- where the fence found them (a retried run has moved on from there)
+        WHERE x.ctid = ANY (taken_at) AND x.id = i.id AND x.id <> ALL (coalesce(retried_ids, '{}'))
         RETURNING x
     )
     SELECT array_agg(d.x) INTO finished FROM done d;
@@ -5576,6 +5603,13 @@ REVOKE ALL ON FUNCTION dispatch._claim_quotas(need integer, weights integer[], a
 
 
 --
+-- Name: FUNCTION _claim_verdict(r dispatch.runs, s dispatch.schedules); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._claim_verdict(r dispatch.runs, s dispatch.schedules) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _claimable_projects(after text, n integer); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -5945,10 +5979,10 @@ REVOKE ALL ON FUNCTION dispatch._span(d interval) FROM PUBLIC;
 
 
 --
--- Name: FUNCTION _start_runs(ids bigint[], worker text, lease interval, default_timeout interval); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _start_runs(tids tid[], worker text, lease interval, default_timeout interval); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._start_runs(ids bigint[], worker text, lease interval, default_timeout interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._start_runs(tids tid[], worker text, lease interval, default_timeout interval) FROM PUBLIC;
 
 
 --
@@ -5959,10 +5993,10 @@ REVOKE ALL ON FUNCTION dispatch._stopped_as(s dispatch.schedules) FROM PUBLIC;
 
 
 --
--- Name: FUNCTION _take_running(run_ids bigint[], attempts integer[]); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _take_running(run_ids bigint[], attempts integer[], OUT ids bigint[], OUT tids tid[]); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[], OUT ids bigint[], OUT tids tid[]) FROM PUBLIC;
 
 
 --

@@ -148,12 +148,13 @@ def test_security_definer_functions_pin_their_search_path(db: psycopg.Connection
 
 
 def test_pgspot_reports_nothing() -> None:
-    # Five functions cannot carry a SET clause (see their comments); they qualify every operator.
+    # Six functions cannot carry a SET clause (see their comments); they qualify every operator.
     out = subprocess.run(
         [str(ROOT / ".venv" / "bin" / "pgspot"), "-a",
          "--proc-without-search-path", "dispatch._next_bit(mask bigint,k integer)",
          "--proc-without-search-path", "dispatch.prune(INOUT runs_deleted bigint,INOUT audit_deleted bigint)",
          "--proc-without-search-path", "dispatch._missed(r dispatch.runs,s dispatch.schedules)",
+         "--proc-without-search-path", "dispatch._claim_verdict(r dispatch.runs,s dispatch.schedules)",
          "--proc-without-search-path", "dispatch._waits_its_turn(r dispatch.runs)",
          "--proc-without-search-path", "dispatch._stopped_as(s dispatch.schedules)",
          str(ROOT / "sql" / "bootstrap.sql"),

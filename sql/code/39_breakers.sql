@@ -166,7 +166,7 @@ END
 $$;
 
 -- The runs of both are found by id (a bitmap scan of the primary key) whatever the statistics
--- say, like dispatch._start_runs and dispatch._take_running and for the same reason. Without
+-- say, like dispatch._take_running and for the same reason (see dispatch._start_runs). Without
 -- JIT: the one-row settings table has nothing but a scan, which enable_seqscan = off prices at
 -- 10^10, and a plan that dear was JIT-compiled at each call (250 ms a claim).
 

@@ -91,7 +91,7 @@ BEGIN
         -- clock: the slots that came due while the run was open are the overlap policy's, and
         -- skip drops them. Under catchup all, to the next slot when that came due before the
         -- run started (missed while nothing ran: caught up, one at a time).
-        SELECT s.id, s.cron_expression, s.cron_spec, s.timezone,
+        SELECT s.id, s.ctid AS tid, s.cron_expression, s.cron_spec, s.timezone,
                greatest(s.last_slot, l.scheduled_for) AS last_slot,
                s.next_run_at <= greatest(s.last_slot, l.scheduled_for) AS behind,
                CASE WHEN s.catchup = 'all'
@@ -134,7 +134,7 @@ BEGIN
         FROM sched x
         JOIN latest l ON l.schedule_id = x.id
         LEFT JOIN slots n ON x.behind AND n.cron_spec = x.cron_spec AND n.timezone = x.timezone AND n.after = x.after
-        WHERE s.id = x.id
+        WHERE s.ctid = x.tid
     ), gaps AS (
         -- the slots passed over, when the run finished at least a slot's length after its own:
         -- they came due while it was open (invariant 8). Looked for only past the shortest

@@ -390,7 +390,7 @@ SET jit = off
 AS $$
 DECLARE
     requeued integer := 0;
-    plain_ids uuid[];
+    plain_at tid[];
     by_policy uuid[];
     changed_since uuid[];
     sid uuid;
@@ -450,36 +450,35 @@ BEGIN
             IF heads IS NULL THEN
                 CONTINUE;
             END IF;
-            plain_ids := heads;
+            -- where the heads lie: _due_heads locked them, so they stay there
+            plain_at := ARRAY(SELECT s.ctid FROM dispatch.schedules s WHERE s.id = ANY (heads));
             got := cardinality(heads);
         ELSE
         WITH due AS MATERIALIZED (
-            SELECT s.id, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
-                   s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
+            SELECT s.id, s.ctid AS tid, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
+                   s.overlap <> 'allow' AND o.open = 0 AND s.backoff_reason IS NULL
                    AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter) AS plain
             FROM dispatch.schedules s
-            LEFT JOIN dispatch.runs r ON r.schedule_id = s.id AND r.scheduled_for = s.next_run_at
-            -- The open runs, counted only when it matters: under skip, a slot whose own run is
-            -- open is left alone whatever else is open (1 stands for "some"). After a stampede
-            -- every due schedule is one of those, and counting cost each tick 7 us a schedule.
+            -- Its open runs: one probe of runs_open_idx. Under skip, and for a chunk, any open
+            -- run leaves the schedule alone, unlocked: that is how later chunks and the tick
+            -- after them pass over the schedules marked before. Whether a run already stands on
+            -- the slot (one that finished while the schedule stayed on it) is the second
+            -- statement's to see: it sends such a schedule to the policies.
             -- (OFFSET 0: evaluated once a row, not once for each place that reads it.)
-            CROSS JOIN LATERAL (SELECT CASE WHEN s.overlap = 'skip' AND r.status IN ('pending', 'running')
-                                                 AND NOT dispatch._waits_its_turn(r) THEN 1
-                                            ELSE (SELECT count(*) FROM dispatch.runs x
-                                                  WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
-                                                    AND NOT dispatch._waits_its_turn(x))
-                                       END AS open
+            CROSS JOIN LATERAL (SELECT count(*) AS open FROM dispatch.runs x
+                                WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
+                                  AND NOT dispatch._waits_its_turn(x)
                                 OFFSET 0) o
             WHERE s.next_run_at <= horizon
               AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
               AND (max_runs IS NULL
-                   OR (s.overlap <> 'allow' AND o.open = 0 AND r.id IS NULL AND s.backoff_reason IS NULL
+                   OR (s.overlap <> 'allow' AND o.open = 0 AND s.backoff_reason IS NULL
                        AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)))
             LIMIT max_runs - taken  -- NULL: all
             FOR NO KEY UPDATE OF s SKIP LOCKED
         )
-        SELECT count(*), array_agg(d.id) FILTER (WHERE d.plain), array_agg(d.id) FILTER (WHERE NOT d.plain)
-        INTO got, plain_ids, more_policy
+        SELECT count(*), array_agg(d.tid) FILTER (WHERE d.plain), array_agg(d.id) FILTER (WHERE NOT d.plain)
+        INTO got, plain_at, more_policy
         FROM due d;
         by_policy := by_policy || more_policy;
         END IF;
@@ -494,7 +493,8 @@ BEGIN
                    AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
                                    WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at) AS plain
             FROM dispatch.schedules s
-            WHERE s.id = ANY (plain_ids)
+            -- where the first statement locked them: no descent of schedules_pkey for each
+            WHERE s.ctid = ANY (plain_at)
         ), slot AS (
             -- The slot to run: next_run_at when on time (cron slots are at least a minute apart,
             -- interval slots every_us, so none was missed) or under catchup all (the oldest

@@ -1,31 +1,28 @@
 -- dispatch.claim_runs: pending -> running, the attempt incremented and returned as the fence.
 
--- Both functions' results end with kind (scheduled, manual, backfill), added last so that a
--- caller reading the columns by position is unaffected. A result type cannot be changed in
--- place: an install over the earlier shape drops them first (90_grants.sql grants them again);
--- a re-install finds kind there and drops nothing.
+-- Its result ends with kind (scheduled, manual, backfill), added last so that a caller reading
+-- the columns by position is unaffected. A result type cannot be changed in place: an install
+-- over the earlier shape drops it first (90_grants.sql grants it again); a re-install finds kind
+-- there and drops nothing.
 DO $$
 DECLARE
-    fn regprocedure;
+    fn regprocedure := pg_catalog.to_regprocedure('dispatch.claim_runs(text, integer, interval, interval)');
 BEGIN
-    FOREACH fn IN ARRAY ARRAY[
-        pg_catalog.to_regprocedure('dispatch.claim_runs(text, integer, interval, interval)'),
-        pg_catalog.to_regprocedure('dispatch._start_runs(bigint[], text, interval, interval)')]
-    LOOP
-        IF fn IS NOT NULL AND pg_catalog.pg_get_function_result(fn) NOT LIKE '%kind text)' THEN
-            EXECUTE pg_catalog.format('DROP FUNCTION %s', fn);
-        END IF;
-    END LOOP;
+    IF fn IS NOT NULL AND pg_catalog.pg_get_function_result(fn) NOT LIKE '%kind text)' THEN
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', fn);
+    END IF;
 END
 $$;
 
--- The claimed runs, which the caller's transaction holds, to running. Found by id through
--- runs_pkey whatever the statistics say: they lag behind this table, and an autovacuum that ran
--- while a tick's chunk of 64,000 runs was being inserted (not yet visible, so not counted) left
--- it at one row. A plan made then scanned all of runs_slot_key for the ids, 65 ms a claim, and a
--- stampede of 100,000 took 65 s instead of 15. Without plain index scans, the only way to the
--- ids is a bitmap scan of the primary key.
-CREATE OR REPLACE FUNCTION dispatch._start_runs(ids bigint[], worker text, lease interval,
+-- The claimed runs, which the caller's transaction holds, to running. Found where the claim's
+-- pick locked them (their ctids: a locked row stays where it is until its holder moves it), with
+-- no descent of an index for each, and whatever the statistics say: they lag behind this table,
+-- and an autovacuum that ran while a tick's chunk of 64,000 runs was being inserted (not yet
+-- visible, so not counted) left it at one row. A plan made then, when the runs were looked up by
+-- id, scanned all of runs_slot_key for them, 65 ms a claim, and a stampede of 100,000 took 65 s
+-- instead of 15. An install over the earlier version, which took their ids, drops that one.
+DROP FUNCTION IF EXISTS dispatch._start_runs(bigint[], text, interval, interval);
+CREATE OR REPLACE FUNCTION dispatch._start_runs(tids tid[], worker text, lease interval,
                                                 default_timeout interval)
 RETURNS TABLE (
     run_id        bigint,
@@ -62,7 +59,7 @@ BEGIN
         held_by_breaker = false,
         attempt = r.attempt + 1
     FROM dispatch.schedules s
-    WHERE r.id = ANY (_start_runs.ids) AND s.id = r.schedule_id
+    WHERE r.ctid = ANY (_start_runs.tids) AND s.id = r.schedule_id
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
               r.request_id, r.scheduled_for, r.attempt, r.lease_until,
               coalesce(s.timeout, _start_runs.default_timeout), r.fire_at, r.kind;
@@ -148,6 +145,28 @@ $$;
 COMMENT ON FUNCTION dispatch._claim_quotas(integer, integer[], integer[], boolean[]) IS
     'Arithmetic of dispatch.claim_runs: need split by weight among the eligible projects with allowance left (floor of each share, the remainder one each in order), each capped by its allowance.';
 
+-- What a claim does with a pending run it locked: 'live', it starts; 'stale', it ends skipped
+-- (its schedule stopped, or its first attempt can no longer start within misfire_grace);
+-- 'late', it ends error (a retry that max_attempts, lowered during its back-off, no longer
+-- allows, or that would start after its schedule's next slot). No SET clause, so every operator
+-- is qualified: the planner inlines it into the claim's statement (see dispatch._missed).
+CREATE OR REPLACE FUNCTION dispatch._claim_verdict(r dispatch.runs, s dispatch.schedules)
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
+                WHEN dispatch._missed(r, s) THEN 'stale'
+                WHEN r.not_before IS NOT NULL AND r.attempt OPERATOR(pg_catalog.>) r.released
+                     AND r.attempt OPERATOR(pg_catalog.-) r.released OPERATOR(pg_catalog.>=) s.max_attempts THEN 'late'
+                WHEN r.not_before IS NOT NULL AND r.kind OPERATOR(pg_catalog.=) 'scheduled'
+                     AND r.attempt OPERATOR(pg_catalog.>) r.released
+                     AND pg_catalog.now() OPERATOR(pg_catalog.>=) dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone)
+                THEN 'late'
+                ELSE 'live' END
+$$;
+COMMENT ON FUNCTION dispatch._claim_verdict(dispatch.runs, dispatch.schedules) IS
+    'What dispatch.claim_runs does with a pending run it locked: live (starts it), stale (ends it skipped: its schedule stopped, or its first attempt missed misfire_grace) or late (ends it error: a retry beyond max_attempts or past the next slot).';
+
 CREATE OR REPLACE FUNCTION dispatch.claim_runs(
     worker          text,
     max_runs        integer,
@@ -173,7 +192,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
--- The candidates are found by id (unnest, then runs_pkey and schedules_pkey), whatever the
+-- Each picked run's schedule is found through schedules_pkey (a nested loop), whatever the
 -- statistics say about runs (see dispatch._start_runs).
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -194,8 +213,13 @@ DECLARE
     quotas integer[];
     first_ids bigint[];
     first_of integer[];
+    first_verdicts text[];
+    first_tids tid[];
     slot_ids bigint[];
     slot_of integer[];
+    slot_verdicts text[];
+    slot_tids tid[];
+    live_tids tid[];
     live_ids bigint[];
     late_ids bigint[];
     stale_ids bigint[];
@@ -291,51 +315,41 @@ BEGIN
         END IF;
         EXIT WHEN (SELECT coalesce(sum(q), 0) FROM unnest(quotas) q) = 0;
 
-        SELECT array_agg(x.id), array_agg(u.n::integer)
-        INTO first_ids, first_of
+        -- Each run is locked, then judged with its schedule in the same statement (a schedule's
+        -- row is read for the runs this claim holds, not for those it skipped).
+        SELECT array_agg((x.r).id), array_agg(x.tid), array_agg(u.n::integer), array_agg(dispatch._claim_verdict(x.r, s))
+        INTO first_ids, first_tids, first_of, first_verdicts
         FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
         CROSS JOIN LATERAL (
-            SELECT r.id FROM dispatch.runs r
+            SELECT r, r.ctid AS tid FROM dispatch.runs r
             WHERE r.project_id = u.project_id AND r.status = 'pending'
               AND r.not_before IS NOT NULL AND r.not_before <= now()
             ORDER BY r.project_id, r.not_before, r.id
             LIMIT u.quota
             FOR UPDATE SKIP LOCKED) x
+        JOIN dispatch.schedules s ON s.id = (x.r).schedule_id
         WHERE u.quota > 0;
-        SELECT array_agg(x.id), array_agg(u.n::integer)
-        INTO slot_ids, slot_of
+        SELECT array_agg((x.r).id), array_agg(x.tid), array_agg(u.n::integer), array_agg(dispatch._claim_verdict(x.r, s))
+        INTO slot_ids, slot_tids, slot_of, slot_verdicts
         FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
         CROSS JOIN LATERAL (
-            SELECT r.id FROM dispatch.runs r
+            SELECT r, r.ctid AS tid FROM dispatch.runs r
             WHERE r.project_id = u.project_id AND r.status = 'pending' AND r.not_before IS NULL
             ORDER BY r.project_id, r.scheduled_for, r.id
             LIMIT u.quota - coalesce(cardinality(array_positions(first_of, u.n::integer)), 0)
             FOR UPDATE SKIP LOCKED) x
+        JOIN dispatch.schedules s ON s.id = (x.r).schedule_id
         WHERE u.quota > coalesce(cardinality(array_positions(first_of, u.n::integer)), 0);
         EXIT WHEN first_ids IS NULL AND slot_ids IS NULL;
 
-        -- Some runs are not handed out. A retry that can no longer start before its
-        -- schedule's next slot, or that max_attempts (lowered since) no longer allows, ends
-        -- error (late_ids). A run whose schedule stopped, or whose first attempt cannot start
-        -- within misfire_grace, ends skipped (stale_ids): the transaction that stopped a
-        -- schedule ended every run it could see, this ends those that became pending behind its
-        -- back (a release or a lease expiry racing it).
-        SELECT array_agg(p.id) FILTER (WHERE p.state = 'live'), array_agg(p.id) FILTER (WHERE p.state = 'late'),
-               array_agg(p.id) FILTER (WHERE p.state = 'stale')
+        -- Some runs are not handed out (dispatch._claim_verdict): late ones end error, stale ones
+        -- end skipped. The transaction that stopped a schedule ended every run it could see;
+        -- this ends those that became pending behind its back (a release or a lease expiry
+        -- racing it).
+        SELECT array_agg(c.id) FILTER (WHERE c.verdict = 'live'), array_agg(c.id) FILTER (WHERE c.verdict = 'late'),
+               array_agg(c.id) FILTER (WHERE c.verdict = 'stale')
         INTO live_ids, late_ids, stale_ids
-        FROM (SELECT r.id,
-                     CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
-                          WHEN dispatch._missed(r, s) THEN 'stale'
-                          -- a retry: max_attempts lowered during its back-off, or past the next slot
-                          WHEN r.not_before IS NOT NULL AND r.attempt > r.released
-                               AND r.attempt - r.released >= s.max_attempts THEN 'late'
-                          WHEN r.not_before IS NOT NULL AND r.kind = 'scheduled' AND r.attempt > r.released
-                               AND now() >= dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
-                          ELSE 'live' END AS state
-              -- each by id (runs_pkey), whatever the statistics say (see dispatch._start_runs)
-              FROM unnest(first_ids || slot_ids) AS c(id)
-              CROSS JOIN LATERAL (SELECT x.* FROM dispatch.runs x WHERE x.id = c.id OFFSET 0) r
-              JOIN dispatch.schedules s ON s.id = r.schedule_id) p;
+        FROM unnest(first_ids || slot_ids, first_verdicts || slot_verdicts) AS c(id, verdict);
 
         IF late_ids IS NOT NULL OR stale_ids IS NOT NULL THEN
             PERFORM dispatch._end_late_retries(late_ids);
@@ -345,7 +359,11 @@ BEGIN
         -- runs of a function whose breaker is open wait, but for its probe (39_breakers.sql)
         live_ids := dispatch._hold_for_breakers(live_ids);
         IF live_ids IS NOT NULL AND live_ids <> '{}' THEN
-            RETURN QUERY SELECT * FROM dispatch._start_runs(live_ids, claim_runs.worker, claim_runs.lease,
+            -- started where the pick found them: locked since, and moved by nothing above
+            SELECT array_agg(c.tid) INTO live_tids
+            FROM unnest(first_ids || slot_ids, first_tids || slot_tids) AS c(id, tid)
+            WHERE c.id = ANY (live_ids);
+            RETURN QUERY SELECT * FROM dispatch._start_runs(live_tids, claim_runs.worker, claim_runs.lease,
                                                             claim_runs.default_timeout);
         END IF;
 

@@ -62,16 +62,28 @@ $$;
 -- index's predicate does not cover. The attempts are matched by position, not by a join with
 -- the arrays on id: under those statistics, the planner answered such a join with a scan of the
 -- whole of runs_slot_key rather than the primary key (tests/test_runs.py).
-CREATE OR REPLACE FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[])
-RETURNS bigint[]
+-- It returns the rows' ids and where they lie (ctid): complete_runs updates them there, with
+-- no second descent of the primary key (the rows are locked: they stay where they are until
+-- this transaction moves them). An install over the earlier shape (ids only) drops it first.
+DO $$
+DECLARE
+    fn regprocedure := pg_catalog.to_regprocedure('dispatch._take_running(bigint[], integer[])');
+BEGIN
+    IF fn IS NOT NULL AND pg_catalog.pg_get_function_result(fn) = 'bigint[]' THEN
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', fn);
+    END IF;
+END
+$$;
+CREATE OR REPLACE FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[],
+                                                  OUT ids bigint[], OUT tids tid[])
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_indexscan = off
 SET enable_seqscan = off
 AS $$
-    SELECT array_agg(l.id)
-    FROM (SELECT x.id
+    SELECT array_agg(l.id), array_agg(l.ctid)
+    FROM (SELECT x.id, x.ctid
           FROM dispatch.runs x
           JOIN dispatch.schedules s ON s.id = x.schedule_id
           WHERE x.id = ANY (_take_running.run_ids) AND x.status || '' = 'running'
@@ -100,6 +112,7 @@ AS $$
 DECLARE
     clock constant timestamptz := clock_timestamp();
     taken bigint[];
+    taken_at tid[];
     held bigint[];
     retried_ids bigint[];
     retried_at timestamptz[];
@@ -120,7 +133,7 @@ BEGIN
     -- The fence: a run is recorded only while it is running with the attempt the caller was
     -- given, whatever worker names it; a late outcome from an expired lease never lands on its
     -- successor. Its row and its schedule's are taken without waiting (invariant 3).
-    taken := dispatch._take_running(complete_runs.run_ids, complete_runs.attempts);
+    SELECT t.ids, t.tids INTO taken, taken_at FROM dispatch._take_running(complete_runs.run_ids, complete_runs.attempts) t;
     -- the breakers of their functions count the failures, close on an answer (39_breakers.sql)
     PERFORM dispatch._breaker_outcomes(taken, complete_runs.run_ids, complete_runs.statuses,
                                        complete_runs.retryable, complete_runs.errors);
@@ -192,7 +205,8 @@ BEGIN
         FROM unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
                     complete_runs.http_statuses, complete_runs.durations_ms)
              AS i(id, status, error, http_status, duration_ms)
-        WHERE x.id = i.id AND x.id = ANY (taken) AND x.id <> ALL (coalesce(retried_ids, '{}'))
+        -- where the fence found them (a retried run has moved on from there)
+        WHERE x.ctid = ANY (taken_at) AND x.id = i.id AND x.id <> ALL (coalesce(retried_ids, '{}'))
         RETURNING x
     )
     SELECT array_agg(d.x) INTO finished FROM done d;
