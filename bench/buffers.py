@@ -1,6 +1,7 @@
 """Buffer accesses per dispatched run, statement by statement, for this revision and another.
 
     .venv/bin/python -m bench.buffers [--against 3b94f50] [--runs 10000] [--batch 64] [--explain]
+                                        [--cpu-rounds N]
 
 Deterministic where the rates are not: on a durable private cluster (PostgreSQL's defaults,
 .pgdata/bench-buffers) with pg_stat_statements (track = all, so the statements inside dispatch's
@@ -13,12 +14,18 @@ each its own transaction, until nothing is pending. Printed for each revision: s
 (and read, dirtied) per run by statement, nested ones included (they are part of their callers'
 figures too), and the totals of the top-level calls. --explain also prints the plans of one
 claim and one completion, nested statements included (auto_explain, ANALYZE and BUFFERS), and
-leaves the marking out of the figures.
+leaves the marking out of the figures. --cpu-rounds N then times N rounds of the same work for
+each revision in turn (a fresh set of due schedules each time): the server process's CPU a run
+(/proc), for the marking and for claim + complete, with the medians and the ratio of this tree
+to REV. CPU, unlike blocks, carries the machine's noise: read the medians and the rounds' pairs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -116,18 +123,71 @@ def explain_one_batch(db: psycopg.Connection, batch: int, nargs: int) -> None:
     db.execute("SET auto_explain.log_min_duration = -1")
 
 
+def due_at_once(db: psycopg.Connection, runs: int) -> None:
+    """runs schedules due at one instant, nothing else in the tables; vacuumed, checkpointed."""
+    db.execute("TRUNCATE dispatch.audit_log, dispatch.runs, dispatch.schedules CASCADE")
+    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
+               f" SELECT 'bench', 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
+               " FROM generate_series(1, %s) i", (runs,))
+    db.execute("UPDATE dispatch.schedules"
+               " SET next_run_at = date_trunc('minute', now()) - interval '1 minute'")
+    db.execute("VACUUM ANALYZE dispatch.schedules")
+    db.execute("VACUUM ANALYZE dispatch.runs")
+    db.execute("CHECKPOINT")
+
+
+def backend_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of a server process so far (/proc: the cluster is local)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_round(url: str, *, runs: int, batch: int) -> tuple[float, float]:
+    """One round: the server's CPU a run, in µs, of the marking and of claim + complete."""
+    with psycopg.connect(url, autocommit=True) as db:
+        nargs = signature(db)
+        due_at_once(db, runs)
+        pid = db.info.backend_pid
+        start = backend_cpu_s(pid)
+        marked = mark(db)
+        marking = backend_cpu_s(pid)
+        done = 0
+        while batch_runs := claim(db, batch):
+            complete(db, batch_runs, nargs)
+            done += len(batch_runs)
+        end = backend_cpu_s(pid)
+    return (marking - start) / marked * 1e6, (end - marking) / done * 1e6
+
+
+def cpu_side_by_side(urls: dict[str, str], *, rounds: int, runs: int, batch: int) -> None:
+    """Rounds of both revisions in turn (the order alternates): CPU a run and the medians."""
+    print(f"\nserver CPU a run, {rounds} rounds, each revision in turn (one session; a shared machine's"
+          " noise is in each figure: compare the medians and the rounds' own pairs)")
+    marking: dict[str, list[float]] = {label: [] for label in urls}
+    dispatch: dict[str, list[float]] = {label: [] for label in urls}
+    labels = list(urls)
+    for n in range(rounds):
+        for label in labels if n % 2 == 0 else labels[::-1]:
+            m, d = cpu_round(urls[label], runs=runs, batch=batch)
+            marking[label].append(m)
+            dispatch[label].append(d)
+            print(f"  round {n + 1} {label:>24}: marking {m:6.1f} µs, claim + complete {d:6.1f} µs a run")
+    for label in labels:
+        print(f"  median {label:>25}: marking {statistics.median(marking[label]):6.1f} µs,"
+              f" claim + complete {statistics.median(dispatch[label]):6.1f} µs a run")
+    if len(labels) == 2:
+        first, second = labels
+        pairs = sorted(dispatch[second][n] / dispatch[first][n] for n in range(rounds))
+        print(f"  claim + complete, {second} / {first}: medians x "
+              f"{statistics.median(dispatch[second]) / statistics.median(dispatch[first]):.3f};"
+              f" the rounds' pairs x {pairs[0]:.2f} to x {pairs[-1]:.2f}")
+
+
 def measure_revision(label: str, url: str, *, runs: int, batch: int, explain: bool) -> dict[str, Any]:
     with psycopg.connect(url, autocommit=True) as db:
         db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         nargs = signature(db)
-        db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
-                   f" SELECT 'bench', 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
-                   " FROM generate_series(1, %s) i", (runs,))
-        db.execute("UPDATE dispatch.schedules"
-                   " SET next_run_at = date_trunc('minute', now()) - interval '1 minute'")
-        db.execute("VACUUM ANALYZE dispatch.schedules")
-        db.execute("VACUUM ANALYZE dispatch.runs")
-        db.execute("CHECKPOINT")
+        due_at_once(db, runs)
         db.execute("SELECT pg_stat_statements_reset()")
         marked = mark(db)
         assert marked == runs, marked
@@ -161,20 +221,25 @@ def measure_revision(label: str, url: str, *, runs: int, batch: int, explain: bo
     return {"runs": done, "hit_per_run": total_hit, "stats": stats}
 
 
-def measure(*, against: str | None, runs: int, batch: int, explain: bool) -> None:
+def measure(*, against: str | None, runs: int, batch: int, explain: bool, cpu_rounds: int) -> None:
     port = ensure_statements(start_cluster(DATA_DIR))
+    urls: dict[str, str] = {}
     try:
-        if against is not None:
-            with checkout(against) as other:
-                url = install_revision(other, port, "bench_buffers_other")
-                measure_revision(f"{against}", url, runs=runs, batch=batch, explain=explain)
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=True,
-                              capture_output=True, text=True).stdout.strip()
-        if subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                          check=True, capture_output=True, text=True).stdout.strip():
-            head += "+changes"
-        url = install_revision(ROOT, port, "bench_buffers_this")
-        measure_revision(f"this tree ({head})", url, runs=runs, batch=batch, explain=explain)
+        with contextlib.ExitStack() as stack:
+            if against is not None:
+                other = stack.enter_context(checkout(against))
+                urls[against] = install_revision(other, port, "bench_buffers_other")
+                measure_revision(f"{against}", urls[against], runs=runs, batch=batch, explain=explain)
+            head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=True,
+                                  capture_output=True, text=True).stdout.strip()
+            if subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                              check=True, capture_output=True, text=True).stdout.strip():
+                head += "+changes"
+            urls[f"this tree ({head})"] = install_revision(ROOT, port, "bench_buffers_this")
+            measure_revision(f"this tree ({head})", urls[f"this tree ({head})"], runs=runs, batch=batch,
+                             explain=explain)
+            if cpu_rounds:
+                cpu_side_by_side(urls, rounds=cpu_rounds, runs=runs, batch=batch)
     finally:
         stop_cluster(DATA_DIR, check=False)
 
@@ -188,8 +253,11 @@ def main() -> None:
                         help="runs a claim takes (the listener's concurrency)")
     parser.add_argument("--explain", action="store_true",
                         help="print the plans of one claim and one completion (auto_explain)")
+    parser.add_argument("--cpu-rounds", type=int, default=0, metavar="N",
+                        help="then N rounds of each revision in turn, timed: the server's CPU a run")
     args = parser.parse_args()
-    measure(against=args.against, runs=args.runs, batch=args.batch, explain=args.explain)
+    measure(against=args.against, runs=args.runs, batch=args.batch, explain=args.explain,
+            cpu_rounds=args.cpu_rounds)
 
 
 if __name__ == "__main__":
