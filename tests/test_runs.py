@@ -94,6 +94,23 @@ def test_tick_chunk_marks_at_most_its_size_and_leaves_policies_to_tick(db: psyco
         db.execute("SELECT dispatch.tick_chunk(0)")
 
 
+def test_a_chunk_moves_a_schedule_past_a_slot_that_already_finished(db: psycopg.Connection) -> None:
+    # A run that finished on the slot while the schedule stayed on it (here a skipped one, as a
+    # back-off instant writes): the chunk's first statement only counts open runs, so it takes
+    # the schedule, and the second sees the run on the slot and hands it to the policies, which
+    # move it on. The next chunk finds nothing: no schedule is taken twice.
+    sid = add_schedule(db)
+    make_due(db)
+    slot = scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (sid,))
+    db.execute("INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, status,"
+               " finished_at, error) SELECT id, project_id, next_run_at, next_run_at, 'skipped', now(),"
+               " 'finished already' FROM dispatch.schedules WHERE id = %s", (sid,))
+    assert db.execute("SELECT marked, taken FROM dispatch.tick_chunk(10)").fetchone() == (0, 1)
+    assert scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (sid,)) > slot
+    assert db.execute("SELECT marked, taken FROM dispatch.tick_chunk(10)").fetchone() == (0, 0)
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE schedule_id = %s", (sid,)) == 1
+
+
 def test_a_chunk_held_open_is_skipped_not_waited_for(db: psycopg.Connection, connect: Connect) -> None:
     # Invariant 3: another tick's chunk (or a user's transaction) holding due schedules delays
     # only those; the rest are marked at once, and nothing is marked twice.

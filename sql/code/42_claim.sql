@@ -60,6 +60,9 @@ BEGIN
         attempt = r.attempt + 1
     FROM dispatch.schedules s
     WHERE r.ctid = ANY (_start_runs.tids) AND s.id = r.schedule_id
+      -- still live as this statement sees it: a stop that committed since the claim's pick
+      -- judged the run wins (claim_runs then ends the run)
+      AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
               r.request_id, r.scheduled_for, r.attempt, r.lease_until,
               coalesce(s.timeout, _start_runs.default_timeout), r.fire_at, r.kind;
@@ -225,6 +228,7 @@ DECLARE
     stale_ids bigint[];
     taken integer := 0;
     got integer;
+    started integer;
     pass integer;
     served integer;
     last_served integer;
@@ -344,8 +348,7 @@ BEGIN
 
         -- Some runs are not handed out (dispatch._claim_verdict): late ones end error, stale ones
         -- end skipped. The transaction that stopped a schedule ended every run it could see;
-        -- this ends those that became pending behind its back (a release or a lease expiry
-        -- racing it).
+        -- this ends those that became pending behind its back (a release racing it).
         SELECT array_agg(c.id) FILTER (WHERE c.verdict = 'live'), array_agg(c.id) FILTER (WHERE c.verdict = 'late'),
                array_agg(c.id) FILTER (WHERE c.verdict = 'stale')
         INTO live_ids, late_ids, stale_ids
@@ -365,6 +368,15 @@ BEGIN
             WHERE c.id = ANY (live_ids);
             RETURN QUERY SELECT * FROM dispatch._start_runs(live_tids, claim_runs.worker, claim_runs.lease,
                                                             claim_runs.default_timeout);
+            GET DIAGNOSTICS started = ROW_COUNT;
+            IF started < cardinality(live_tids) THEN
+                -- A stop that committed after the pick's snapshot: _start_runs, which reads the
+                -- schedules afresh, left those runs pending; they end like any stale run.
+                PERFORM dispatch._end_stale_runs(
+                    ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.id = ANY (live_ids) AND r.status = 'pending'),
+                    wait => false);
+                ended := true;
+            END IF;
         END IF;
 
         -- what each project got: its allowance goes down; one that filled its quota may have more
