@@ -16,11 +16,16 @@ queue rotates and nothing in it starves behind outcomes that keep failing:
   whoever claims it next. A run is never invoked again to make up for a lost write;
 - busy (the database answered that another transaction holds the run or its schedule): retried
   on a back-off of its own, BUSY_RETRY_INITIAL_S doubling to BUSY_RETRY_MAX_S, whatever else
-  succeeds meanwhile; for as long as it stays busy (the lease cannot expire under that lock, and
-  the attempt fences whatever comes after). Mostly this is another listener's claim that looked
-  at the run a moment before this listener claimed it (PostgreSQL keeps that row lock until the
-  claim's statement ends), and the first retry records it; an outcome busy for BUSY_WARNING_S
-  is something else (a DBA's transaction left open) and is said.
+  succeeds meanwhile; for as long as it stays busy (the attempt fences whatever comes after).
+  Mostly this is a tick that holds the schedule while it marks the schedule's next slot (a
+  schedule that allows overlap is due again while its run is out), or another listener's claim
+  that looked at the run a moment before this listener claimed it; the first retry records it.
+  A lock on the run's own row keeps its lease from expiring, but one on its schedule does not:
+  tick after tick can take the schedule, and between two of them the lease expires and the run
+  is claimed and invoked again. So the back-off never waits past a quarter of what is left of
+  the lease of a kept outcome (at least BUSY_RETRY_INITIAL_S): the retries come closer as the
+  lease runs out. An outcome busy for BUSY_WARNING_S is something else (a DBA's transaction
+  left open) and is said.
 
 Logs: `run_finished` is one record per run, at DEBUG for `ok` runs and at INFO for the others;
 each written batch logs one INFO `runs_finished` with the counts by status. Deferral is one
@@ -85,32 +90,48 @@ class _Kept:
 
 
 class _RetryQueue:
-    """Kept outcomes of one kind, oldest first, and when the next batch of them is due."""
+    """Kept outcomes of one kind, oldest first, and when the next batch of them is due.
 
-    def __init__(self, backoff: Backoff) -> None:
+    `within_lease`: the back-off never waits past a quarter of the lease left to the kept outcome
+    whose lease ends first (at least `min_s`), while that lease lasts."""
+
+    def __init__(self, backoff: Backoff, *, within_lease: bool = False, min_s: float = 0.0) -> None:
         self.items: dict[int, _Kept] = {}  # by run id; insertion order is the retry order
         self.backoff = backoff
         self.due_at = 0.0  # time.monotonic() of the next retry
+        self._within_lease = within_lease
+        self._min_s = min_s
 
     def __len__(self) -> int:
         return len(self.items)
 
     def put(self, kept: _Kept) -> None:
         """At the back (a retried outcome kept again too: the queue rotates)."""
+        now = time.monotonic()
         if not self.items:
             self.backoff.reset()
-            self.due_at = time.monotonic() + self.backoff.next_delay()
+            self.due_at = now + self.backoff.next_delay()
         self.items.pop(kept.run.run_id, None)
         self.items[kept.run.run_id] = kept
+        self._keep_within_lease(now, kept.run.lease_deadline)
 
     def batch(self) -> list[tuple[Run, Outcome]]:
         return [(kept.run, kept.outcome) for kept in itertools.islice(self.items.values(), BATCH_MAX)]
 
     def retried(self, progress: bool) -> None:
-        """A batch was written: the next one at once after progress, else after the back-off."""
+        """A batch was written: the next one at once after progress (some of it was settled),
+        else after the back-off."""
+        now = time.monotonic()
         if progress:
             self.backoff.reset()
-        self.due_at = time.monotonic() + (0.0 if progress else self.backoff.next_delay())
+        self.due_at = now + (0.0 if progress else self.backoff.next_delay())
+        if self.items:
+            self._keep_within_lease(now, min(kept.run.lease_deadline for kept in self.items.values()))
+
+    def _keep_within_lease(self, now: float, lease_deadline: float) -> None:
+        left = lease_deadline - now
+        if self._within_lease and left > 0:
+            self.due_at = min(self.due_at, now + max(self._min_s, left / 4))
 
 
 class Completer:
@@ -135,9 +156,10 @@ class Completer:
         # The database did not answer: retried at most RETRY_MAX_S apart and at once when another
         # call succeeds, until the run's lease is over.
         self._unavailable = _RetryQueue(Backoff(initial_s=RETRY_INITIAL_S, max_s=RETRY_MAX_S))
-        # Another transaction holds the run or its schedule: retried on its own back-off only,
-        # for as long as that lasts.
-        self._busy = _RetryQueue(Backoff(initial_s=BUSY_RETRY_INITIAL_S, max_s=BUSY_RETRY_MAX_S))
+        # Another transaction holds the run or its schedule: retried on its own back-off only
+        # (closer as the lease runs out), for as long as that lasts.
+        self._busy = _RetryQueue(Backoff(initial_s=BUSY_RETRY_INITIAL_S, max_s=BUSY_RETRY_MAX_S),
+                                 within_lease=True, min_s=BUSY_RETRY_INITIAL_S)
         self._kept_changed = asyncio.Event()  # an outcome was kept, or the database is back
         self._settled = asyncio.Event()  # nothing kept
         self._settled.set()
@@ -357,9 +379,10 @@ class Completer:
         batch = queue.batch()
         if not batch:
             return
-        before = self.deferred
         answered = await self._write(batch)
-        queue.retried(progress=answered and self.deferred < before)
+        # progress: some of the batch was recorded or refused (what else was kept meanwhile, by
+        # the writer, is no sign either way)
+        queue.retried(progress=answered and any(run.run_id not in queue.items for run, _ in batch))
 
     def _abandoned(self, run: Run, outcome: Outcome, why: str) -> None:
         logger.error("run %s: outcome abandoned: %s", run.run_id, why,

@@ -107,3 +107,64 @@ async def test_a_busy_outcome_is_not_retried_at_every_other_call(
     await until(lambda: scalar(adb, "SELECT r.status = 'ok' FROM dispatch.runs r JOIN dispatch.schedules s"
                                     " ON s.id = r.schedule_id WHERE s.function_name = 'held'"),
                 within=5, what="the busy outcome recorded once the transaction is gone")
+
+
+async def _lock_schedules(dsn: str, function_name: str) -> psycopg.AsyncConnection[Any]:
+    """A session that holds the schedules of `function_name` as a tick does while it marks their
+    next slot (FOR NO KEY UPDATE), in a transaction left open."""
+    conn = await psycopg.AsyncConnection.connect(dsn)
+    await conn.execute("SELECT s.id FROM dispatch.schedules s WHERE s.function_name = %s FOR NO KEY UPDATE",
+                       (function_name,))
+    return conn
+
+
+async def test_a_busy_outcome_is_recorded_while_its_lease_lasts(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    start_listener: StartListener, caplog: Any,
+) -> None:
+    """Round 3 (CI, chaos quick): the schedule of a run that allows overlap was held by tick after
+    tick while its outcome waited; the busy back-off had grown to 2 s, the 4 s lease ended in
+    between, and the function was called again for a slot it had answered. A lock on the schedule
+    does not stop the lease from expiring: the back-off never waits past a quarter of the lease
+    left. Here the schedule is held until the fifth busy answer (the writer's, then retries after
+    0.1 + 0.2 + 0.4 + 0.8 s of back-off, +-20 %); the back-off of 1.6 s that followed ended after
+    the 2.5 s lease."""
+    caplog.set_level(logging.DEBUG, logger="dispatcher.completion")
+    go = asyncio.Event()
+    _held_until(sink, "held", go)
+    add_schedules(db, 1, function_name="held")
+    await start_listener(concurrency=4, timeout_s=1.0, lease_s=2.5)
+    stop_ticking = asyncio.Event()
+
+    async def tick_until_stopped() -> None:  # lease expiry, as pg_cron's job and other listeners do
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            while not stop_ticking.is_set():
+                await conn.execute("SELECT dispatch.tick()")
+                await asyncio.sleep(0.05)  # a tick's cadence, not synchronisation
+
+    def busy_answers() -> int:
+        return sum(1 for r in caplog.records
+                   if getattr(r, "event", None) == "completion_deferred" and getattr(r, "busy", False))
+
+    ticking = asyncio.create_task(tick_until_stopped())
+    try:
+        mark_all_due(db)
+        await until(lambda: len(sink.calls) == 1, what="the run invoked")
+        holding = await _lock_schedules(dsn, "held")
+        try:
+            go.set()
+            # the writer's, then four retries
+            await until(lambda: busy_answers() >= 5, within=5, what="five busy answers")
+        finally:
+            await holding.close()
+        await until(lambda: scalar(adb, "SELECT status <> 'running' FROM dispatch.runs"), within=5,
+                    what="the run finished or its lease expired")
+        # what the lease's expiry would have caused: the run claimed and invoked again
+        await asyncio.sleep(0.5)
+    finally:
+        stop_ticking.set()
+        await ticking
+    row = await (await adb.execute(
+        "SELECT status, attempt, finished_at <= lease_until FROM dispatch.runs")).fetchone()
+    assert row == ("ok", 1, True), f"(status, attempt, recorded within the lease): {row}"
+    assert len(sink.calls) == 1, f"the function was called {len(sink.calls)} times for one answered slot"
