@@ -92,15 +92,14 @@ class _Kept:
 class _RetryQueue:
     """Kept outcomes of one kind, oldest first, and when the next batch of them is due.
 
-    `within_lease`: the back-off never waits past a quarter of the lease left to the kept outcome
-    whose lease ends first (at least `min_s`), while that lease lasts."""
+    With `lease_floor_s`, the back-off never waits past a quarter of the lease left to the kept
+    outcome whose lease ends first (nor less than lease_floor_s), while that lease lasts."""
 
-    def __init__(self, backoff: Backoff, *, within_lease: bool = False, min_s: float = 0.0) -> None:
+    def __init__(self, backoff: Backoff, *, lease_floor_s: float | None = None) -> None:
         self.items: dict[int, _Kept] = {}  # by run id; insertion order is the retry order
         self.backoff = backoff
         self.due_at = 0.0  # time.monotonic() of the next retry
-        self._within_lease = within_lease
-        self._min_s = min_s
+        self._lease_floor_s = lease_floor_s
 
     def __len__(self) -> int:
         return len(self.items)
@@ -130,8 +129,8 @@ class _RetryQueue:
 
     def _keep_within_lease(self, now: float, lease_deadline: float) -> None:
         left = lease_deadline - now
-        if self._within_lease and left > 0:
-            self.due_at = min(self.due_at, now + max(self._min_s, left / 4))
+        if self._lease_floor_s is not None and left > 0:
+            self.due_at = min(self.due_at, now + max(self._lease_floor_s, left / 4))
 
 
 class Completer:
@@ -159,7 +158,7 @@ class Completer:
         # Another transaction holds the run or its schedule: retried on its own back-off only
         # (closer as the lease runs out), for as long as that lasts.
         self._busy = _RetryQueue(Backoff(initial_s=BUSY_RETRY_INITIAL_S, max_s=BUSY_RETRY_MAX_S),
-                                 within_lease=True, min_s=BUSY_RETRY_INITIAL_S)
+                                 lease_floor_s=BUSY_RETRY_INITIAL_S)
         self._kept_changed = asyncio.Event()  # an outcome was kept, or the database is back
         self._settled = asyncio.Event()  # nothing kept
         self._settled.set()
