@@ -74,6 +74,12 @@ CREATE TEMP TABLE retried_request AS
 SELECT e.key, e.rid,
        CASE WHEN e.decision = 'fail' THEN (a->>'httpStatus') = '500'
             WHEN e.decision = 'hang' THEN a->>'error' LIKE 'timeout:%'
+            -- a slow answer (at most 0.6 s) to a request that reached the sink late (a loaded
+            -- machine): the listener's timeout, counted from its start (no earlier than the
+            -- claim), may come first; never for one that arrived in time for its answer
+            WHEN e.decision = 'slow' AND e.answered IS NULL AND a->>'error' LIKE 'timeout:%'
+            THEN e.arrived + 0.6 > extract(epoch FROM (a->>'claimedAt')::timestamptz)
+                                   + (a->>'durationMs')::float8 / 1000
             ELSE a->>'error' LIKE 'connection %'  -- a reset, or the sink killed mid-answer
        END AS agrees
 FROM extra_request e
