@@ -145,6 +145,11 @@ class Result:
         return not self.failures
 
 
+# What a listener may log about one run's outcome (chaos.run's report on unexplained extras).
+_OUTCOME_EVENTS = ("run_not_recorded", "completion_abandoned", "completion_failed", "worker_error",
+                   "release_failed")
+
+
 def _log(message: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -613,12 +618,12 @@ class Harness:
                 try:
                     conn.execute("SELECT dispatch.tick(%s::timestamptz + make_interval(mins => %s))",
                                  (self.base, minute))
-                    if elapsed >= duration_s:
+                    # A loaded machine injects late (a kill waits for requests in flight, a
+                    # restart for the server): the whole plan is carried out before the drain.
+                    if elapsed >= duration_s and not faults.is_alive():
                         if drain_deadline is None:
                             drain_deadline = time.monotonic() + p.drain_s
-                            self.stop_faults.set()
-                            faults.join()
-                            _log("last minute marked: draining")
+                            _log("last minute marked, every fault injected: draining")
                         row = conn.execute(
                             "SELECT (SELECT count(*) FROM dispatch.runs"
                             "   WHERE status IN ('pending', 'running')),"
@@ -762,12 +767,34 @@ class Harness:
                 " coalesce(v.http_status::text, '-'), left(coalesce(v.error, '-'), 70), count(*)"
                 " FROM verdict v WHERE v.fate NOT IN ('agrees', 'sink_unreachable')"
                 " GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 7 DESC LIMIT 10").fetchall()
+            # Each unexplained extra invocation, with what the run and its listener did around
+            # it: a failure on a loaded CI machine leaves no database to look at afterwards.
+            unexplained = conn.execute(
+                "SELECT e.rid, e.worker, e.attempt, e.decision, e.arrived,"
+                "       e.answered - e.arrived, extract(epoch FROM c.at), r.status, r.attempt,"
+                "       (SELECT a->>'status' FROM jsonb_array_elements(r.earlier_attempts) a"
+                "        WHERE (a->>'attempt')::int = e.attempt)"
+                " FROM unexplained_extra e JOIN dispatch.runs r ON r.id = e.rid"
+                " LEFT JOIN chaos.claims c"
+                "        ON c.run_id = e.rid AND c.attempt = e.attempt AND c.worker = e.worker"
+                " ORDER BY e.arrived LIMIT 5").fetchall()
             dispatching, back, own_claim = self.resume_times(conn)
             resume = dispatching + back
         figures = {name: value for name, value in rows}
         for fate, decision, answered, status, http_status, error, count in examples:
             label = f"  {fate}: sink {decision} (answered: {answered}) -> {status} {http_status} {error}"
             figures[label] = str(count)
+        for rid, worker, attempt, decision, arrived, answer_s, claimed, status, last, recorded in unexplained:
+            since_claim = "?" if claimed is None else f"{arrived - float(claimed):.2f}"
+            answer = "none" if answer_s is None else f"{answer_s:.2f} s"
+            said = sorted({entry["event"] for event in _OUTCOME_EVENTS
+                           for entry in self._log_events(worker, event)
+                           if entry.get("run_id") == rid or rid in entry.get("run_ids", ())})
+            label = (f"  unexplained: run {rid} attempt {attempt} by {worker} ({decision}), "
+                     f"{since_claim} s after its claim, answer {answer}; recorded as "
+                     f"{recorded or '-'}, run {status} at attempt {last}; {worker} logged "
+                     f"{', '.join(said) or 'nothing about it'}")
+            figures[label] = time.strftime("%H:%M:%S", time.localtime(arrived))
         figures["listener kills (kill -9)"] = str(sum(1 for f in self.faults if f[0] == "kill"))
         figures["kills with requests in flight at the sink"] = str(
             sum(1 for f in self.faults if f[0] == "kill_in_flight"))
