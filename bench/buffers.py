@@ -11,13 +11,15 @@ functions count too), each revision gets a database of its own with its own sql/
 (dispatch.tick_chunk from 2,000, four times as many each time, then dispatch.tick()); then, as
 the listener does, claim_runs(worker, --batch, lease) and complete_runs for what it returned,
 each its own transaction, until nothing is pending. Printed for each revision: shared blocks hit
-(and read, dirtied) per run by statement, nested ones included (they are part of their callers'
-figures too), and the totals of the top-level calls. --explain also prints the plans of one
-claim and one completion, nested statements included (auto_explain, ANALYZE and BUFFERS), and
-leaves the marking out of the figures. --cpu-rounds N then times N rounds of the same work for
-each revision in turn (a fresh set of due schedules each time): the server process's CPU a run
-(/proc), for the marking and for claim + complete, with the medians and the ratio of this tree
-to REV. CPU, unlike blocks, carries the machine's noise: read the medians and the rounds' pairs.
+(and read, dirtied), WAL bytes and execution time (µs) per run by statement, nested ones
+included (they are part of their callers' figures too), and the totals of the top-level calls.
+Fewer blocks is not less time: a tid scan that saved 3 blocks a run made one statement slower.
+--explain also prints the plans of one claim and one completion, nested statements included
+(auto_explain, ANALYZE and BUFFERS), and leaves the marking out of the figures. --cpu-rounds N
+then times N rounds of the same work for each revision in turn (a fresh set of due schedules
+each time): the server process's CPU a run (/proc), for the marking and for claim + complete,
+with the medians and the ratio of this tree to REV.
+CPU, unlike blocks, carries the machine's noise: read the medians and the rounds' pairs.
 """
 
 from __future__ import annotations
@@ -200,6 +202,7 @@ def measure_revision(label: str, url: str, *, runs: int, batch: int, explain: bo
             done += len(batch_runs)
         stats = db.execute(
             "SELECT toplevel, calls, shared_blks_hit, shared_blks_read, shared_blks_dirtied, wal_bytes,"
+            " total_exec_time,"
             " left(regexp_replace(query, '\\s+', ' ', 'g'), 110)"
             " FROM pg_stat_statements"
             " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
@@ -208,15 +211,16 @@ def measure_revision(label: str, url: str, *, runs: int, batch: int, explain: bo
     print(f"\n{label}: {done:,} runs claimed ({batch} a claim) and completed; blocks a run by statement"
           " (track = all: nested statements are in their callers' figures too)")
     print(f"  {'level':6} {'calls':>7} {'hit/run':>8} {'read/run':>8} {'dirt/run':>8} {'WAL B/run':>9}"
-          "  query")
+          f" {'µs/run':>7}  query")
     total_hit = 0.0
-    for toplevel, calls, hit, read, dirtied, wal, query in stats:
+    for toplevel, calls, hit, read, dirtied, wal, exec_ms, query in stats:
         if toplevel:
             total_hit += hit / done
         if hit / done < 0.05 and not toplevel:
             continue
+        # (the time is the noisy figure: a shared machine's, with the profiler's own cost in it)
         print(f"  {'top' if toplevel else 'nested':6} {calls:>7,} {hit / done:8.2f} {read / done:8.2f}"
-              f" {dirtied / done:8.2f} {float(wal) / done:9.0f}  {query}")
+              f" {dirtied / done:8.2f} {float(wal) / done:9.0f} {exec_ms * 1000 / done:7.1f}  {query}")
     print(f"  top-level statements: {total_hit:.1f} blocks hit a run")
     return {"runs": done, "hit_per_run": total_hit, "stats": stats}
 

@@ -23,9 +23,8 @@ from bench.common import ROOT, SPREAD_CRON, record, recreate_database, start_clu
 
 SOURCE = (ROOT / "sql" / "code" / "40_finish.sql").read_text()
 ADVANCE = SOURCE[SOURCE.index("CREATE OR REPLACE FUNCTION dispatch._advance_schedules"):
-                 SOURCE.index("DROP FUNCTION IF EXISTS dispatch._settle_runs")]
-NO_AUDIT = """CREATE OR REPLACE FUNCTION dispatch._audit_runs(finished dispatch.runs[],
-                                                    schedule_tids tid[] DEFAULT NULL) RETURNS void
+                 SOURCE.index("CREATE OR REPLACE FUNCTION dispatch._settle_runs")]
+NO_AUDIT = """CREATE OR REPLACE FUNCTION dispatch._audit_runs(finished dispatch.runs[]) RETURNS void
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$ SELECT $$;"""
 
 NO_CRON = ("ELSE dispatch.cron_spec_next(u.cron_spec, u.after, u.timezone)",

@@ -206,10 +206,10 @@ COMMENT ON COLUMN dispatch.runs.held_by_breaker IS 'Pending because its function
 
 
 --
--- Name: _advance_schedules(dispatch.runs[], boolean, tid[]); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _advance_schedules(dispatch.runs[], boolean); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._advance_schedules(finished dispatch.runs[], guarded boolean, schedule_tids tid[] DEFAULT NULL::tid[]) RETURNS TABLE(run_id bigint, advanced boolean, follow_up boolean)
+CREATE FUNCTION dispatch._advance_schedules(finished dispatch.runs[], guarded boolean) RETURNS TABLE(run_id bigint, advanced boolean, follow_up boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -257,7 +257,6 @@ BEGIN
                    AS follow_up
         FROM dispatch.schedules s
         JOIN latest l ON l.schedule_id = s.id
-        WHERE s.ctid = ANY (dispatch._schedule_tids(_advance_schedules.finished, _advance_schedules.schedule_tids))
     ), slots AS MATERIALIZED (
         -- runs finishing together mostly share expression, zone and start: compute each once
         -- (MATERIALIZED, or PostgreSQL would inline the call back into every row)
@@ -312,10 +311,10 @@ $$;
 
 
 --
--- Name: _audit_runs(dispatch.runs[], tid[]); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _audit_runs(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._audit_runs(finished dispatch.runs[], schedule_tids tid[] DEFAULT NULL::tid[]) RETURNS void
+CREATE FUNCTION dispatch._audit_runs(finished dispatch.runs[]) RETURNS void
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -340,7 +339,6 @@ CREATE FUNCTION dispatch._audit_runs(finished dispatch.runs[], schedule_tids tid
                    ELSE '[]' END))
     FROM unnest(_audit_runs.finished) f
     JOIN dispatch.schedules s ON s.id = f.schedule_id
-    WHERE s.ctid = ANY (dispatch._schedule_tids(_audit_runs.finished, _audit_runs.schedule_tids))
 $$;
 
 
@@ -1497,10 +1495,10 @@ $$;
 
 
 --
--- Name: _finish_runs(dispatch.runs[], tid[]); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _finish_runs(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._finish_runs(finished dispatch.runs[], schedule_tids tid[] DEFAULT NULL::tid[]) RETURNS TABLE(run_id bigint, advanced boolean)
+CREATE FUNCTION dispatch._finish_runs(finished dispatch.runs[]) RETURNS TABLE(run_id bigint, advanced boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1508,17 +1506,15 @@ DECLARE
     ids bigint[];
     advances boolean[];
     follow_ups uuid[];
-    tids tid[];
 BEGIN
     IF coalesce(cardinality(_finish_runs.finished), 0) = 0 THEN
         RETURN;
     END IF;
-    tids := dispatch._schedule_tids(_finish_runs.finished, _finish_runs.schedule_tids);
-    PERFORM dispatch._audit_runs(_finish_runs.finished, tids);
+    PERFORM dispatch._audit_runs(_finish_runs.finished);
     SELECT array_agg(a.run_id), array_agg(a.advanced),
            array_agg(DISTINCT f.schedule_id) FILTER (WHERE a.follow_up)
     INTO ids, advances, follow_ups
-    FROM dispatch._settle_runs(_finish_runs.finished, tids) a
+    FROM dispatch._settle_runs(_finish_runs.finished) a
     JOIN unnest(_finish_runs.finished) f ON f.id = a.run_id;
     IF follow_ups IS NOT NULL THEN
         PERFORM dispatch._follow_up(follow_ups);
@@ -2462,19 +2458,6 @@ $$;
 
 
 --
--- Name: _schedule_tids(dispatch.runs[], tid[]); Type: FUNCTION; Schema: dispatch; Owner: -
---
-
-CREATE FUNCTION dispatch._schedule_tids(finished dispatch.runs[], known tid[]) RETURNS tid[]
-    LANGUAGE sql STABLE
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT coalesce(known, ARRAY(SELECT s.ctid FROM dispatch.schedules s
-                                 WHERE s.id = ANY (ARRAY(SELECT DISTINCT f.schedule_id FROM unnest(finished) f))))
-$$;
-
-
---
 -- Name: _schedule_unbuffer(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -2511,10 +2494,10 @@ $$;
 
 
 --
--- Name: _settle_runs(dispatch.runs[], tid[]); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _settle_runs(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._settle_runs(finished dispatch.runs[], schedule_tids tid[] DEFAULT NULL::tid[]) RETURNS TABLE(run_id bigint, advanced boolean, follow_up boolean)
+CREATE FUNCTION dispatch._settle_runs(finished dispatch.runs[]) RETURNS TABLE(run_id bigint, advanced boolean, follow_up boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -2527,11 +2510,10 @@ BEGIN
     -- already returned would otherwise stay in the result.
     BEGIN
         SELECT array_agg(a.run_id), array_agg(a.advanced), array_agg(a.follow_up) INTO ids, advances, follow_ups
-        FROM dispatch._advance_schedules(_settle_runs.finished, false, _settle_runs.schedule_tids) a;
+        FROM dispatch._advance_schedules(_settle_runs.finished, false) a;
     EXCEPTION WHEN OTHERS THEN
-        -- (the failed attempt's updates are undone: the schedules are back at those tids)
         SELECT array_agg(a.run_id), array_agg(a.advanced), array_agg(a.follow_up) INTO ids, advances, follow_ups
-        FROM dispatch._advance_schedules(_settle_runs.finished, true, _settle_runs.schedule_tids) a;
+        FROM dispatch._advance_schedules(_settle_runs.finished, true) a;
     END;
     RETURN QUERY SELECT * FROM unnest(ids, advances, follow_ups);
 END
@@ -2716,14 +2698,14 @@ COMMENT ON FUNCTION dispatch._stopped_as(s dispatch.schedules) IS 'What stopped 
 -- Name: _take_running(bigint[], integer[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[], OUT ids bigint[], OUT tids tid[], OUT schedule_tids tid[]) RETURNS record
+CREATE FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[], OUT ids bigint[], OUT tids tid[]) RETURNS record
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_indexscan TO 'off'
     SET enable_seqscan TO 'off'
     AS $$
-    SELECT array_agg(l.id), array_agg(l.ctid), array_agg(l.schedule_tid)
-    FROM (SELECT x.id, x.ctid, s.ctid AS schedule_tid
+    SELECT array_agg(l.id), array_agg(l.ctid)
+    FROM (SELECT x.id, x.ctid
           FROM dispatch.runs x
           JOIN dispatch.schedules s ON s.id = x.schedule_id
           WHERE x.id = ANY (_take_running.run_ids) AND x.status || '' = 'running'
@@ -3323,7 +3305,6 @@ DECLARE
     clock constant timestamptz := clock_timestamp();
     taken bigint[];
     taken_at tid[];
-    schedules_at tid[];
     held bigint[];
     retried_ids bigint[];
     retried_at timestamptz[];
@@ -3344,8 +3325,7 @@ BEGIN
     -- The fence: a run is recorded only while it is running with the attempt the caller was
     -- given, whatever worker names it; a late outcome from an expired lease never lands on its
     -- successor. Its row and its schedule's are taken without waiting (invariant 3).
-    SELECT t.ids, t.tids, t.schedule_tids INTO taken, taken_at, schedules_at
-    FROM dispatch._take_running(complete_runs.run_ids, complete_runs.attempts) t;
+    SELECT t.ids, t.tids INTO taken, taken_at FROM dispatch._take_running(complete_runs.run_ids, complete_runs.attempts) t;
     -- the breakers of their functions count the failures, close on an answer (39_breakers.sql)
     PERFORM dispatch._breaker_outcomes(taken, complete_runs.run_ids, complete_runs.statuses,
                                        complete_runs.retryable, complete_runs.errors);
@@ -3427,8 +3407,7 @@ BEGIN
     SELECT i.id, f.run_id IS NOT NULL OR r.id IS NOT NULL, coalesce(f.advanced, false),
            coalesce(i.id = ANY (held), false), r.at
     FROM unnest(complete_runs.run_ids) WITH ORDINALITY AS i(id, n)
-    -- (nothing between the fence and here moves a schedule: they are where the fence found them)
-    LEFT JOIN dispatch._finish_runs(coalesce(finished, '{}'), schedules_at) f ON f.run_id = i.id
+    LEFT JOIN dispatch._finish_runs(coalesce(finished, '{}')) f ON f.run_id = i.id
     LEFT JOIN unnest(retried_ids, retried_at) AS r(id, at) ON r.id = i.id
     ORDER BY i.n;
 END
@@ -5464,17 +5443,17 @@ GRANT SELECT ON TABLE dispatch.runs TO dispatch_reader;
 
 
 --
--- Name: FUNCTION _advance_schedules(finished dispatch.runs[], guarded boolean, schedule_tids tid[]); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _advance_schedules(finished dispatch.runs[], guarded boolean); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._advance_schedules(finished dispatch.runs[], guarded boolean, schedule_tids tid[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._advance_schedules(finished dispatch.runs[], guarded boolean) FROM PUBLIC;
 
 
 --
--- Name: FUNCTION _audit_runs(finished dispatch.runs[], schedule_tids tid[]); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _audit_runs(finished dispatch.runs[]); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._audit_runs(finished dispatch.runs[], schedule_tids tid[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._audit_runs(finished dispatch.runs[]) FROM PUBLIC;
 
 
 --
@@ -5780,10 +5759,10 @@ REVOKE ALL ON FUNCTION dispatch._explain_open(s dispatch.schedules) FROM PUBLIC;
 
 
 --
--- Name: FUNCTION _finish_runs(finished dispatch.runs[], schedule_tids tid[]); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _finish_runs(finished dispatch.runs[]); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._finish_runs(finished dispatch.runs[], schedule_tids tid[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._finish_runs(finished dispatch.runs[]) FROM PUBLIC;
 
 
 --
@@ -5967,13 +5946,6 @@ REVOKE ALL ON FUNCTION dispatch._schedule_soft_delete() FROM PUBLIC;
 
 
 --
--- Name: FUNCTION _schedule_tids(finished dispatch.runs[], known tid[]); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._schedule_tids(finished dispatch.runs[], known tid[]) FROM PUBLIC;
-
-
---
 -- Name: FUNCTION _schedule_unbuffer(); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -5981,10 +5953,10 @@ REVOKE ALL ON FUNCTION dispatch._schedule_unbuffer() FROM PUBLIC;
 
 
 --
--- Name: FUNCTION _settle_runs(finished dispatch.runs[], schedule_tids tid[]); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _settle_runs(finished dispatch.runs[]); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._settle_runs(finished dispatch.runs[], schedule_tids tid[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._settle_runs(finished dispatch.runs[]) FROM PUBLIC;
 
 
 --
@@ -6033,10 +6005,10 @@ REVOKE ALL ON FUNCTION dispatch._stopped_as(s dispatch.schedules) FROM PUBLIC;
 
 
 --
--- Name: FUNCTION _take_running(run_ids bigint[], attempts integer[], OUT ids bigint[], OUT tids tid[], OUT schedule_tids tid[]); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _take_running(run_ids bigint[], attempts integer[], OUT ids bigint[], OUT tids tid[]); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[], OUT ids bigint[], OUT tids tid[], OUT schedule_tids tid[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[], OUT ids bigint[], OUT tids tid[]) FROM PUBLIC;
 
 
 --

@@ -26,22 +26,7 @@ EXCEPTION WHEN OTHERS THEN
 END
 $$;
 
--- Where the schedules of finished runs lie (ctid), so that finishing reads each with a heap
--- fetch rather than a descent of schedules_pkey: `known` when the caller has them (complete_runs'
--- fence, dispatch._take_running, which finishes runs by the thousand), else looked up by id once
--- for both the audit and the advance (dispatch._finish_runs). Every caller holds the schedules
--- locked, and nothing moves them before the advance's own update.
-CREATE OR REPLACE FUNCTION dispatch._schedule_tids(finished dispatch.runs[], known tid[])
-RETURNS tid[]
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT coalesce(known, ARRAY(SELECT s.ctid FROM dispatch.schedules s
-                                 WHERE s.id = ANY (ARRAY(SELECT DISTINCT f.schedule_id FROM unnest(finished) f))))
-$$;
-
-DROP FUNCTION IF EXISTS dispatch._audit_runs(dispatch.runs[]);  -- before the schedules' tids
-CREATE OR REPLACE FUNCTION dispatch._audit_runs(finished dispatch.runs[], schedule_tids tid[] DEFAULT NULL)
+CREATE OR REPLACE FUNCTION dispatch._audit_runs(finished dispatch.runs[])
 RETURNS void
 LANGUAGE sql
 SECURITY DEFINER
@@ -68,15 +53,12 @@ AS $$
                    ELSE '[]' END))
     FROM unnest(_audit_runs.finished) f
     JOIN dispatch.schedules s ON s.id = f.schedule_id
-    WHERE s.ctid = ANY (dispatch._schedule_tids(_audit_runs.finished, _audit_runs.schedule_tids))
 $$;
 
 -- The schedule side of finished runs, in one statement. `guarded` computes next slots with
 -- dispatch._next_slot (a subtransaction per call, about six times the cost): _settle_runs
 -- asks for it only when the unguarded statement failed.
-DROP FUNCTION IF EXISTS dispatch._advance_schedules(dispatch.runs[], boolean);  -- before the tids
-CREATE OR REPLACE FUNCTION dispatch._advance_schedules(finished dispatch.runs[], guarded boolean,
-                                                       schedule_tids tid[] DEFAULT NULL)
+CREATE OR REPLACE FUNCTION dispatch._advance_schedules(finished dispatch.runs[], guarded boolean)
 RETURNS TABLE (run_id bigint, advanced boolean, follow_up boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -126,7 +108,6 @@ BEGIN
                    AS follow_up
         FROM dispatch.schedules s
         JOIN latest l ON l.schedule_id = s.id
-        WHERE s.ctid = ANY (dispatch._schedule_tids(_advance_schedules.finished, _advance_schedules.schedule_tids))
     ), slots AS MATERIALIZED (
         -- runs finishing together mostly share expression, zone and start: compute each once
         -- (MATERIALIZED, or PostgreSQL would inline the call back into every row)
@@ -179,8 +160,7 @@ BEGIN
 END
 $$;
 
-DROP FUNCTION IF EXISTS dispatch._settle_runs(dispatch.runs[]);  -- before the schedules' tids
-CREATE OR REPLACE FUNCTION dispatch._settle_runs(finished dispatch.runs[], schedule_tids tid[] DEFAULT NULL)
+CREATE OR REPLACE FUNCTION dispatch._settle_runs(finished dispatch.runs[])
 RETURNS TABLE (run_id bigint, advanced boolean, follow_up boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -195,11 +175,10 @@ BEGIN
     -- already returned would otherwise stay in the result.
     BEGIN
         SELECT array_agg(a.run_id), array_agg(a.advanced), array_agg(a.follow_up) INTO ids, advances, follow_ups
-        FROM dispatch._advance_schedules(_settle_runs.finished, false, _settle_runs.schedule_tids) a;
+        FROM dispatch._advance_schedules(_settle_runs.finished, false) a;
     EXCEPTION WHEN OTHERS THEN
-        -- (the failed attempt's updates are undone: the schedules are back at those tids)
         SELECT array_agg(a.run_id), array_agg(a.advanced), array_agg(a.follow_up) INTO ids, advances, follow_ups
-        FROM dispatch._advance_schedules(_settle_runs.finished, true, _settle_runs.schedule_tids) a;
+        FROM dispatch._advance_schedules(_settle_runs.finished, true) a;
     END;
     RETURN QUERY SELECT * FROM unnest(ids, advances, follow_ups);
 END
@@ -286,8 +265,7 @@ BEGIN
 END
 $$;
 
-DROP FUNCTION IF EXISTS dispatch._finish_runs(dispatch.runs[]);  -- before the schedules' tids
-CREATE OR REPLACE FUNCTION dispatch._finish_runs(finished dispatch.runs[], schedule_tids tid[] DEFAULT NULL)
+CREATE OR REPLACE FUNCTION dispatch._finish_runs(finished dispatch.runs[])
 RETURNS TABLE (run_id bigint, advanced boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -297,17 +275,15 @@ DECLARE
     ids bigint[];
     advances boolean[];
     follow_ups uuid[];
-    tids tid[];
 BEGIN
     IF coalesce(cardinality(_finish_runs.finished), 0) = 0 THEN
         RETURN;
     END IF;
-    tids := dispatch._schedule_tids(_finish_runs.finished, _finish_runs.schedule_tids);
-    PERFORM dispatch._audit_runs(_finish_runs.finished, tids);
+    PERFORM dispatch._audit_runs(_finish_runs.finished);
     SELECT array_agg(a.run_id), array_agg(a.advanced),
            array_agg(DISTINCT f.schedule_id) FILTER (WHERE a.follow_up)
     INTO ids, advances, follow_ups
-    FROM dispatch._settle_runs(_finish_runs.finished, tids) a
+    FROM dispatch._settle_runs(_finish_runs.finished) a
     JOIN unnest(_finish_runs.finished) f ON f.id = a.run_id;
     IF follow_ups IS NOT NULL THEN
         PERFORM dispatch._follow_up(follow_ups);

@@ -62,29 +62,28 @@ $$;
 -- index's predicate does not cover. The attempts are matched by position, not by a join with
 -- the arrays on id: under those statistics, the planner answered such a join with a scan of the
 -- whole of runs_slot_key rather than the primary key (tests/test_runs.py).
--- It returns the rows' ids and where they lie (ctid), and where their schedules lie: complete_runs
--- updates the runs there, and finishing reads the schedules there, with no second descent of
--- either primary key (the rows are locked: they stay where they are until this transaction
--- moves them). An install over an earlier shape (ids only; no schedules) drops it first.
+-- It returns the rows' ids and where they lie (ctid): complete_runs updates them there, with
+-- no second descent of the primary key (the rows are locked: they stay where they are until
+-- this transaction moves them). An install over the earlier shape (ids only) drops it first.
 DO $$
 DECLARE
     fn regprocedure := pg_catalog.to_regprocedure('dispatch._take_running(bigint[], integer[])');
 BEGIN
-    IF fn IS NOT NULL AND pg_catalog.strpos(pg_catalog.pg_get_function_arguments(fn), 'schedule_tids') = 0 THEN
+    IF fn IS NOT NULL AND pg_catalog.pg_get_function_result(fn) = 'bigint[]' THEN
         EXECUTE pg_catalog.format('DROP FUNCTION %s', fn);
     END IF;
 END
 $$;
 CREATE OR REPLACE FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[],
-                                                  OUT ids bigint[], OUT tids tid[], OUT schedule_tids tid[])
+                                                  OUT ids bigint[], OUT tids tid[])
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_indexscan = off
 SET enable_seqscan = off
 AS $$
-    SELECT array_agg(l.id), array_agg(l.ctid), array_agg(l.schedule_tid)
-    FROM (SELECT x.id, x.ctid, s.ctid AS schedule_tid
+    SELECT array_agg(l.id), array_agg(l.ctid)
+    FROM (SELECT x.id, x.ctid
           FROM dispatch.runs x
           JOIN dispatch.schedules s ON s.id = x.schedule_id
           WHERE x.id = ANY (_take_running.run_ids) AND x.status || '' = 'running'
@@ -114,7 +113,6 @@ DECLARE
     clock constant timestamptz := clock_timestamp();
     taken bigint[];
     taken_at tid[];
-    schedules_at tid[];
     held bigint[];
     retried_ids bigint[];
     retried_at timestamptz[];
@@ -135,8 +133,7 @@ BEGIN
     -- The fence: a run is recorded only while it is running with the attempt the caller was
     -- given, whatever worker names it; a late outcome from an expired lease never lands on its
     -- successor. Its row and its schedule's are taken without waiting (invariant 3).
-    SELECT t.ids, t.tids, t.schedule_tids INTO taken, taken_at, schedules_at
-    FROM dispatch._take_running(complete_runs.run_ids, complete_runs.attempts) t;
+    SELECT t.ids, t.tids INTO taken, taken_at FROM dispatch._take_running(complete_runs.run_ids, complete_runs.attempts) t;
     -- the breakers of their functions count the failures, close on an answer (39_breakers.sql)
     PERFORM dispatch._breaker_outcomes(taken, complete_runs.run_ids, complete_runs.statuses,
                                        complete_runs.retryable, complete_runs.errors);
@@ -218,8 +215,7 @@ BEGIN
     SELECT i.id, f.run_id IS NOT NULL OR r.id IS NOT NULL, coalesce(f.advanced, false),
            coalesce(i.id = ANY (held), false), r.at
     FROM unnest(complete_runs.run_ids) WITH ORDINALITY AS i(id, n)
-    -- (nothing between the fence and here moves a schedule: they are where the fence found them)
-    LEFT JOIN dispatch._finish_runs(coalesce(finished, '{}'), schedules_at) f ON f.run_id = i.id
+    LEFT JOIN dispatch._finish_runs(coalesce(finished, '{}')) f ON f.run_id = i.id
     LEFT JOIN unnest(retried_ids, retried_at) AS r(id, at) ON r.id = i.id
     ORDER BY i.n;
 END
