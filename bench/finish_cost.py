@@ -30,7 +30,7 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$ SELECT
 NO_CRON = ("ELSE dispatch.cron_spec_next(u.cron_spec, u.after, u.timezone)",
            "ELSE u.after + interval '1 year'")
 NO_ADVANCE = re.compile(
-    r"moved AS \(\n        UPDATE dispatch.schedules.*?WHERE s.id = x.id\n    \)", re.S)
+    r"moved AS \(\n        UPDATE dispatch.schedules.*?WHERE s.ctid = x.tid\n    \)", re.S)
 
 # Each takes one more part out, so the differences down the list add up to the whole.
 VARIANTS = ["as installed", "without the next-slot computation", "without next slot and audit row",
