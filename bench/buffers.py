@@ -216,7 +216,7 @@ def measure_revision(label: str, url: str, *, runs: int, batch: int, explain: bo
     for toplevel, calls, hit, read, dirtied, wal, exec_ms, query in stats:
         if toplevel:
             total_hit += hit / done
-        if hit / done < 0.05 and not toplevel:
+        if hit / done < 0.05 and exec_ms * 1000 / done < 0.5 and not toplevel:
             continue
         # (the time is the noisy figure: a shared machine's, with the profiler's own cost in it)
         print(f"  {'top' if toplevel else 'nested':6} {calls:>7,} {hit / done:8.2f} {read / done:8.2f}"

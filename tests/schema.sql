@@ -3066,6 +3066,7 @@ CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interva
     SET enable_mergejoin TO 'off'
     SET enable_sort TO 'off'
     SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 DECLARE
