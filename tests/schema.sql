@@ -1954,7 +1954,7 @@ $$;
 --
 
 CREATE FUNCTION dispatch._next_bit(mask bigint, k integer) RETURNS integer
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT CASE WHEN (mask OPERATOR(pg_catalog.>>) k) OPERATOR(pg_catalog.=) 0 THEN NULL
                 ELSE k OPERATOR(pg_catalog.+) pg_catalog.round(
