@@ -740,14 +740,14 @@ class Harness:
                 own_claim.append(float("inf") if not row or row[0] is None else float(row[0]) - up)
         return dispatching, back, own_claim
 
-    def _log_events(self, worker: str, event: str) -> list[dict[str, Any]]:
-        """A listener's log lines of one event, their ts as Unix seconds."""
+    def _log_events(self, worker: str, *events: str) -> list[dict[str, Any]]:
+        """A listener's log lines of the events named, their ts as Unix seconds."""
         found = []
         with contextlib.suppress(OSError), (self.workdir / f"{worker}.log").open() as log:
             for line in log:
                 with contextlib.suppress(ValueError):
                     entry = json.loads(line)
-                    if entry.get("event") == event:
+                    if entry.get("event") in events:
                         entry["ts"] = datetime.fromisoformat(entry["ts"]).timestamp()
                         found.append(entry)
         return found
@@ -787,8 +787,7 @@ class Harness:
         for rid, worker, attempt, decision, arrived, answer_s, claimed, status, last, recorded in unexplained:
             since_claim = "?" if claimed is None else f"{arrived - float(claimed):.2f}"
             answer = "none" if answer_s is None else f"{answer_s:.2f} s"
-            said = sorted({entry["event"] for event in _OUTCOME_EVENTS
-                           for entry in self._log_events(worker, event)
+            said = sorted({entry["event"] for entry in self._log_events(worker, *_OUTCOME_EVENTS)
                            if entry.get("run_id") == rid or rid in entry.get("run_ids", ())})
             label = (f"  unexplained: run {rid} attempt {attempt} by {worker} ({decision}), "
                      f"{since_claim} s after its claim, answer {answer}; recorded as "
