@@ -3312,6 +3312,8 @@ COMMENT ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN 
 CREATE FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[], retryable boolean[] DEFAULT NULL::boolean[], retry_after_ms integer[] DEFAULT NULL::integer[]) RETURNS TABLE(run_id bigint, recorded boolean, advanced boolean, busy boolean, retry_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     clock constant timestamptz := clock_timestamp();
