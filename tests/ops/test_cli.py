@@ -447,8 +447,14 @@ def test_the_cli_speaks_plainly(cli: Callable[..., Result], db: psycopg.Connecti
     waiting = subprocess.Popen([str(PGDISPATCH), "schedules", "run", str(sid), "--wait"], text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env={"PGDISPATCH_DATABASE_URL": dsn})
-    assert waiting.stdout is not None
-    assert waiting.stdout.readline().endswith("waiting for its outcome\n")
-    waiting.send_signal(signal.SIGINT)
-    _, err = waiting.communicate(timeout=10)
+    try:
+        assert waiting.stdout is not None
+        assert waiting.stdout.readline().endswith("waiting for its outcome\n")
+        waiting.send_signal(signal.SIGINT)
+        # (a bound, not a speed: under a loaded CI machine's full suite, 10 s was once too short)
+        _, err = waiting.communicate(timeout=30)
+    finally:
+        if waiting.poll() is None:  # never left for the next test to find, whatever failed here
+            waiting.kill()
+            waiting.communicate()
     assert waiting.returncode == 130 and "Traceback" not in err
