@@ -773,6 +773,9 @@ class Harness:
                 "SELECT e.rid, e.worker, e.attempt, e.decision, e.arrived,"
                 "       e.answered - e.arrived, extract(epoch FROM c.at), r.status, r.attempt,"
                 "       (SELECT a->>'status' FROM jsonb_array_elements(r.earlier_attempts) a"
+                "        WHERE (a->>'attempt')::int = e.attempt),"
+                "       (SELECT extract(epoch FROM (a->>'at')::timestamptz)"
+                "        FROM jsonb_array_elements(r.earlier_attempts) a"
                 "        WHERE (a->>'attempt')::int = e.attempt)"
                 " FROM unexplained_extra e JOIN dispatch.runs r ON r.id = e.rid"
                 " LEFT JOIN chaos.claims c"
@@ -784,15 +787,25 @@ class Harness:
         for fate, decision, answered, status, http_status, error, count in examples:
             label = f"  {fate}: sink {decision} (answered: {answered}) -> {status} {http_status} {error}"
             figures[label] = str(count)
-        for rid, worker, attempt, decision, arrived, answer_s, claimed, status, last, recorded in unexplained:
-            since_claim = "?" if claimed is None else f"{arrived - float(claimed):.2f}"
+        for extra in unexplained:
+            rid, worker, attempt, decision, arrived, answer_s, claimed, status, last, recorded, ended = extra
+            # Times counted from the claim (from the arrival if the claim is unknown): when the
+            # request arrived, when the attempt was ended (its lease expired), when its listener
+            # said what became of it, and the fault nearest to it of any kind or listener.
+            origin = arrived if claimed is None else float(claimed)
             answer = "none" if answer_s is None else f"{answer_s:.2f} s"
-            said = sorted({entry["event"] for entry in self._log_events(worker, *_OUTCOME_EVENTS)
+            said = sorted({f"{entry['event']} at {entry['ts'] - origin:+.2f} s"
+                           for entry in self._log_events(worker, *_OUTCOME_EVENTS)
                            if entry.get("run_id") == rid or rid in entry.get("run_ids", ())})
+            ended_at = "" if ended is None else f" at {float(ended) - origin:+.2f} s"
+            nearest = min(self.faults, key=lambda f: abs(float(f[2]) - arrived), default=None)
+            fault = ("none" if nearest is None
+                     else f"{nearest[0]} {nearest[1] or '-'} at {float(nearest[2]) - origin:+.1f} s")
             label = (f"  unexplained: run {rid} attempt {attempt} by {worker} ({decision}), "
-                     f"{since_claim} s after its claim, answer {answer}; recorded as "
-                     f"{recorded or '-'}, run {status} at attempt {last}; {worker} logged "
-                     f"{', '.join(said) or 'nothing about it'}")
+                     f"{'?' if claimed is None else f'{arrived - origin:.2f}'} s after its claim, "
+                     f"answer {answer}; recorded as {recorded or '-'}{ended_at}, run {status} at attempt "
+                     f"{last}; {worker} logged {', '.join(said) or 'nothing about it'}; "
+                     f"nearest fault: {fault}")
             figures[label] = time.strftime("%H:%M:%S", time.localtime(arrived))
         figures["listener kills (kill -9)"] = str(sum(1 for f in self.faults if f[0] == "kill"))
         figures["kills with requests in flight at the sink"] = str(

@@ -264,13 +264,20 @@ class Completer:
             if busy:
                 self._keep(run, outcome, busy=True, reason=BUSY_REASON)
                 continue
+            kept = self._busy.items.get(run.run_id) or self._unavailable.items.get(run.run_id)
             self._forget(run.run_id)
             if not recorded:
+                # How late it came and whether it had waited: a lease overrun by a slow write
+                # tells apart from a run taken from a listener that was on time.
+                now = time.monotonic()
                 logger.warning(
                     "run %s: outcome not recorded, this listener no longer holds the run", run.run_id,
                     extra={"event": "run_not_recorded", **_fields(run, outcome),
                            "reason": "the run is no longer running with this attempt: its lease expired, "
-                                     "or it was already recorded"},
+                                     "or it was already recorded",
+                           "lease_left_s": round(run.lease_deadline - now, 3),
+                           "kept_for_s": None if kept is None else round(now - kept.since, 3),
+                           "kept_busy": None if kept is None else kept.busy},
                 )
                 continue
             if retry_at is not None:
