@@ -22,10 +22,11 @@ queue rotates and nothing in it starves behind outcomes that keep failing:
   that looked at the run a moment before this listener claimed it; the first retry records it.
   A lock on the run's own row keeps its lease from expiring, but one on its schedule does not:
   tick after tick can take the schedule, and between two of them the lease expires and the run
-  is claimed and invoked again. So the back-off never waits past a quarter of what is left of
-  the lease of a kept outcome (at least BUSY_RETRY_INITIAL_S): the retries come closer as the
-  lease runs out. An outcome busy for BUSY_WARNING_S is something else (a DBA's transaction
-  left open) and is said.
+  is claimed and invoked again. So each busy answer renews the run's lease to at least 5 s from
+  then (dispatch.complete_runs), the back-off stays under that (BUSY_RETRY_MAX_S), and it never
+  waits past a quarter of what is left of the lease of a kept outcome (at least
+  BUSY_RETRY_INITIAL_S). An outcome busy for BUSY_WARNING_S is something else (a DBA's
+  transaction left open) and is said.
 
 Logs: `run_finished` is one record per run, at DEBUG for `ok` runs and at INFO for the others;
 each written batch logs one INFO `runs_finished` with the counts by status. Deferral is one
@@ -60,7 +61,7 @@ BATCH_MAX = 250
 RETRY_INITIAL_S = 0.2
 RETRY_MAX_S = 1.0
 BUSY_RETRY_INITIAL_S = 0.1
-BUSY_RETRY_MAX_S = 2.0
+BUSY_RETRY_MAX_S = 2.0  # under the 5 s a busy answer renews the lease to (dispatch.complete_runs)
 BUSY_REASON = "another transaction holds the run or its schedule"
 REPEAT_WARNING_S = 10.0
 BUSY_WARNING_S = 5.0

@@ -278,6 +278,36 @@ def test_an_open_transaction_on_one_schedule_delays_only_that_schedule(
     assert complete(listener, runs[a], "w", "ok") == (True, True, False)
 
 
+def test_a_busy_answer_keeps_the_lease_of_an_answered_run_whose_schedule_is_held(
+    db: psycopg.Connection, connect: Connect, system: System
+) -> None:
+    """The outcome is in hand but the schedule is held (a tick looking at its next slot, a
+    DBA): busy, and the run's lease lasts at least 5 s more, so that the sweep between two
+    ticks does not end it and have the function called again. A run whose own row is held is
+    left as it is (the sweep skips it as well), and nothing waits."""
+    a, b = due_and_marked(db, "* * * * *", "* * * * *")
+    listener = system()
+    runs = {str(r[1]): r for r in claim(listener, "w", lease="10 milliseconds")}
+    wait_lease_passed(db, runs[b][0])
+    holds_a = connect(autocommit=False)
+    holds_a.execute("SELECT 1 FROM dispatch.schedules WHERE id = %s FOR NO KEY UPDATE", (a,))
+    holds_b = connect(autocommit=False)
+    holds_b.execute("SELECT 1 FROM dispatch.runs WHERE id = %s FOR UPDATE", (runs[b][0],))
+
+    outcomes = complete_many(listener, "w", [(runs[a][0], 1, "ok", None), (runs[b][0], 1, "ok", None)])
+    assert outcomes == [(runs[a][0], False, False, True), (runs[b][0], False, False, True)]
+    left = "SELECT lease_until - clock_timestamp() FROM dispatch.runs WHERE id = %s"
+    assert timedelta(seconds=4) < scalar(db, left, (runs[a][0],)) <= timedelta(seconds=5)
+    assert scalar(db, left, (runs[b][0],)) < timedelta(0)  # held: not renewed, and not waited for
+    holds_a.commit()  # the tick is done with a; the sweep comes before the listener's retry
+    holds_b.commit()
+    scalar(system(), "SELECT dispatch.tick()")  # the sweep
+    assert run_state(db, runs[a][0])[:2] == ("running", 1)
+    assert run_state(db, runs[b][0])[0] != "running"  # its lease was over: expired
+    assert complete(listener, runs[a], "w", "ok") == (True, True, False)
+    assert complete(listener, runs[b], "w", "ok") == (False, False, False)  # fenced
+
+
 def test_a_tick_left_open_in_psql_stalls_no_one_else(
     db: psycopg.Connection, connect: Connect, system: System
 ) -> None:

@@ -122,6 +122,9 @@ SET jit = off
 AS $$
 DECLARE
     clock constant timestamptz := clock_timestamp();
+    -- what a busy run's lease is renewed to: beyond the longest back-off of a listener's busy
+    -- retries (2 s), and short, for a caller that stops coming back
+    busy_lease constant interval := interval '5 seconds';
     taken bigint[];
     taken_at tid[];
     held bigint[];
@@ -150,13 +153,27 @@ BEGIN
                                        complete_runs.retryable, complete_runs.errors);
 
     IF coalesce(cardinality(taken), 0) < cardinality(complete_runs.run_ids) THEN
-        -- Still the caller's but held by another transaction (a user's open one on the
-        -- schedule, a tick expiring the lease): busy, try again. Anything else is fenced out.
+        -- Still the caller's but held by another transaction (a tick looking at the schedule's
+        -- next slot, a user's open one, a tick expiring the lease): busy, try again. Anything
+        -- else is fenced out.
         SELECT array_agg(x.id) INTO held
         FROM dispatch.runs x
         JOIN unnest(complete_runs.run_ids, complete_runs.attempts) AS i(id, attempt)
           ON x.id = i.id AND x.attempt = i.attempt
         WHERE x.status = 'running' AND x.id <> ALL (coalesce(taken, '{}'));
+        -- The outcome is in the caller's hands and it is coming back with it, so the lease of a
+        -- busy run whose own row is free lasts at least busy_lease more. Ticks that hold the
+        -- schedule one after another would otherwise let it end between two of them, and the
+        -- function would be called again for a slot it answered. (A held row needs nothing: the
+        -- sweep skips it too.)
+        IF held IS NOT NULL THEN
+            UPDATE dispatch.runs x
+            SET lease_until = clock + busy_lease
+            FROM (SELECT y.id FROM dispatch.runs y
+                  WHERE y.id = ANY (held) AND y.lease_until < clock + busy_lease
+                  FOR UPDATE SKIP LOCKED) l
+            WHERE x.id = l.id;
+        END IF;
     END IF;
 
     -- Retryable failures with attempts left go back to pending until their back-off is over,
@@ -232,7 +249,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION dispatch.complete_runs(text, bigint[], integer[], text[], text[], integer[], integer[], boolean[], integer[]) IS
-    'Record the outcomes (ok or error; errors cut to 500 characters) of runs still running with the attempt given (the fence claim_runs returned; worker is informational), advance each schedule still on its run''s slot, and write one audit row per run (with every attempt in its metadata), in one transaction. An error marked retryable, with attempts left (max_attempts), goes back to pending until its back-off is over (retry_backoff doubled per attempt, full jitter, or retry_after_ms; capped by retry_backoff_max), unless that is after the schedule''s next slot. The arrays are parallel (errors, http_statuses, durations_ms, retryable and retry_after_ms may hold NULLs or be NULL). Returns, for each input run: recorded; advanced (its schedule moved on); busy (not recorded because another transaction holds the run or its schedule: call again); retry_at (when it will be retried). Never waits on a row another transaction holds.';
+    'Record the outcomes (ok or error; errors cut to 500 characters) of runs still running with the attempt given (the fence claim_runs returned; worker is informational), advance each schedule still on its run''s slot, and write one audit row per run (with every attempt in its metadata), in one transaction. An error marked retryable, with attempts left (max_attempts), goes back to pending until its back-off is over (retry_backoff doubled per attempt, full jitter, or retry_after_ms; capped by retry_backoff_max), unless that is after the schedule''s next slot. The arrays are parallel (errors, http_statuses, durations_ms, retryable and retry_after_ms may hold NULLs or be NULL). Returns, for each input run: recorded; advanced (its schedule moved on); busy (not recorded because another transaction holds the run or its schedule: call again, within 5 s: a busy run whose own row is free has its lease renewed to at least 5 s from now); retry_at (when it will be retried). Never waits on a row another transaction holds.';
 
 CREATE OR REPLACE PROCEDURE dispatch.complete_run(
     run_id         bigint,
