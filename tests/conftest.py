@@ -4,6 +4,7 @@ copied for each test (pytest-postgresql's no-process fixture)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -47,6 +48,15 @@ def pytest_configure(config: pytest.Config) -> None:
             for (name,) in leftovers.fetchall():
                 conn.execute(f'ALTER DATABASE "{name}" IS_TEMPLATE false')
                 conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+            # Who wrote each line of the server log: tests on other workers (pytest -n) write
+            # there too.
+            conn.execute("ALTER SYSTEM SET log_line_prefix = '%m [%p] %q%u@%d '")
+            conn.execute("SELECT pg_reload_conf()")
+            # The group roles belong to the cluster: made here once, by an install of its own,
+            # so that the workers' templates (pytest -n) never race to create them.
+            conn.execute('CREATE DATABASE "pgdispatch_test_roles"')
+            psql("pgdispatch_test_roles", "-q", "-f", str(ROOT / "sql" / "install.sql"))
+            conn.execute('DROP DATABASE "pgdispatch_test_roles"')
     config.option.postgresql_host = "127.0.0.1"
     config.option.postgresql_port = os.environ["PGDISPATCH_TEST_PORT"]
     config.option.postgresql_user = "postgres"
@@ -123,3 +133,20 @@ def connect(db: psycopg.Connection) -> Iterator[Callable[..., psycopg.Connection
     yield _connect
     for conn in opened:
         conn.close()
+
+
+# Modules that use what belongs to the whole cluster: pg_cron's jobs in database postgres (a job
+# name is the cluster's: dispatch-tick registered for one database replaces another's).
+_CLUSTER_WIDE = {"test_pg_cron.py", "test_install.py", "test_doctor.py"}
+
+
+@pytest.fixture(autouse=True)
+def _one_at_a_time_cluster_wide(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under pytest -n (scripts/test), each module runs on one worker; the modules above also
+    wait for each other, across workers, on a lock file."""
+    if request.node.path.name not in _CLUSTER_WIDE:
+        yield
+        return
+    with (CLUSTER_DIR / "cluster-wide.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

@@ -623,6 +623,7 @@ def sessions(db: psycopg.Connection, connect: Callable[..., psycopg.Connection])
 EXPLAIN_STATES = ("live", "busy", "pending", "paused", "disabled", "deleted")
 
 
+@pytest.mark.alone  # which outcomes the walk reaches depends on timing (leases of 1 ms)
 def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
     DispatchWalk.sessions = sessions
     DispatchWalk.steps = 0

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.chaos
+@pytest.mark.alone
 def test_quick_profile_holds_every_invariant() -> None:
     seed = int(os.environ.get("PGDISPATCH_CHAOS_SEED", "0")) or None
     folder = Path(os.environ.get("PGDISPATCH_CHAOS_DIR", ROOT / ".pgdata" / "chaos-quick"))
