@@ -10,6 +10,23 @@
 DO $$ BEGIN RAISE EXCEPTION 'sql/pg_cron.sql: name the dispatch database with -v dispatch_db=NAME'; END $$;
 \endif
 
+-- pg_cron names a job once per role: with jobs of these names already running in another
+-- database, cron.schedule_in_database would keep them there (it updates the schedule and the
+-- command, not the database) and this database would get no tick. Refuse, and say what to do.
+SELECT pg_catalog.format('DO $d$ BEGIN RAISE EXCEPTION ''%%'', %L USING HINT = %L; END $d$',
+           pg_catalog.format('sql/pg_cron.sql: role %s already runs pg_cron jobs dispatch-tick and dispatch-prune '
+                             'in database %s; pg_cron names a job once per role, so they cannot also run in %s',
+                             current_user, j.elsewhere, :'dispatch_db'),
+           pg_catalog.format('To move them to %s, first SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname '
+                             'IN (''dispatch-tick'', ''dispatch-prune'') AND username = current_user; to tick both '
+                             'databases, run this as another role (psql -U ROLE), one that pg_cron can log in as '
+                             'and that is a member of dispatch_listener in %s.', :'dispatch_db', :'dispatch_db'))
+FROM (SELECT pg_catalog.string_agg(DISTINCT database, ', ') AS elsewhere FROM cron.job
+      WHERE jobname IN ('dispatch-tick', 'dispatch-prune') AND username = current_user
+        AND database <> :'dispatch_db') j
+WHERE j.elsewhere IS NOT NULL
+\gexec
+
 SELECT cron.schedule_in_database('dispatch-tick', '* * * * *', 'SELECT dispatch.tick()', :'dispatch_db') AS tick_job,
        cron.schedule_in_database('dispatch-prune', '*/10 * * * *', 'CALL dispatch.prune()', :'dispatch_db') AS prune_job
 \gset

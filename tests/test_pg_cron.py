@@ -42,6 +42,41 @@ def test_install_in_pg_crons_database_registers_the_job(cron_db: psycopg.Connect
         cron_db.execute("DROP SCHEMA IF EXISTS dispatch CASCADE")
 
 
+def test_the_jobs_of_one_database_are_never_taken_over_for_another(
+    db: psycopg.Connection, cron_db: psycopg.Connection
+) -> None:
+    """pg_cron names a job once per role, and keeps the database of a job scheduled again under
+    the same name: registering dispatch-tick for a second database said it had, while the job
+    went on ticking the first one only. Both ways of registering refuse and say why."""
+    dbname = db.info.dbname
+    psql("postgres", "-v", f"dispatch_db={dbname}", "-f", str(ROOT / "sql" / "pg_cron.sql"))
+    jobs = "SELECT jobname, database FROM cron.job WHERE jobname LIKE 'dispatch-%' ORDER BY 1"
+    before = cron_db.execute(jobs).fetchall()
+    assert before == [("dispatch-prune", dbname), ("dispatch-tick", dbname)]
+
+    another = f"{dbname}_another_app"
+    cron_db.execute(f'CREATE DATABASE "{another}"')
+    try:
+        other = psql("postgres", "-v", f"dispatch_db={another}", "-f", str(ROOT / "sql" / "pg_cron.sql"),
+                     check=False)
+    finally:
+        cron_db.execute(f'DROP DATABASE "{another}"')
+    assert other.returncode != 0, other.stdout
+    assert (f"role postgres already runs pg_cron jobs dispatch-tick and dispatch-prune in database {dbname};"
+            f" pg_cron names a job once per role, so they cannot also run in {another}") in other.stderr
+    assert "run this as another role (psql -U ROLE)" in other.stderr
+    assert "registered" not in other.stdout
+
+    try:  # the install in pg_cron's own database
+        out = psql("postgres", "-f", str(ROOT / "sql" / "install.sql"))
+        assert (f"pg_cron jobs dispatch-tick and dispatch-prune NOT registered in database postgres: role"
+                f" postgres already runs jobs of these names in database {dbname}") in out.stdout
+        assert "WARNING:" in out.stderr
+    finally:
+        cron_db.execute("DROP SCHEMA IF EXISTS dispatch CASCADE")
+    assert cron_db.execute(jobs).fetchall() == before
+
+
 @pytest.mark.slow
 def test_pg_cron_ticks_another_database(db: psycopg.Connection, cron_db: psycopg.Connection) -> None:
     dbname = db.info.dbname

@@ -106,6 +106,7 @@ DECLARE
     cron_host text := coalesce((SELECT h.setting FROM pg_catalog.pg_settings h WHERE h.name = 'cron.host'), 'localhost');
     msg text;
     problem text;
+    elsewhere text;
 BEGIN
     IF cron_db = current_database()
        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')
@@ -114,6 +115,20 @@ BEGIN
     END IF;
 
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
+        -- pg_cron names a job once per role, and cron.schedule keeps the database of a job of the
+        -- same name: jobs of this role that run in another database (sql/pg_cron.sql) stay there.
+        EXECUTE $sql$SELECT string_agg(DISTINCT database, ', ') FROM cron.job
+                     WHERE jobname IN ('dispatch-tick', 'dispatch-prune') AND username = current_user
+                       AND database <> current_database()$sql$ INTO elsewhere;
+    END IF;
+    IF elsewhere IS NOT NULL THEN
+        msg := format('pg_cron jobs dispatch-tick and dispatch-prune NOT registered in database %s: role %s '
+                      'already runs jobs of these names in database %s, and pg_cron names a job once per role. '
+                      'To move them here, first SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname IN '
+                      '(''dispatch-tick'', ''dispatch-prune'') AND username = current_user, then install again; '
+                      'to tick both databases, install as another role', current_database(), current_user, elsewhere);
+        RAISE WARNING '%', msg;
+    ELSIF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
         -- cron.schedule updates a job of the same name, so this is idempotent.
         EXECUTE $sql$SELECT cron.schedule('dispatch-tick', '* * * * *', 'SELECT dispatch.tick()')$sql$;
         EXECUTE $sql$SELECT cron.schedule('dispatch-prune', '*/10 * * * *', 'CALL dispatch.prune()')$sql$;
@@ -158,4 +173,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION dispatch.register_cron_job() IS
-    'Register (or update) the pg_cron jobs dispatch-tick and dispatch-prune when pg_cron is installed in this database, moving existing ones to the current cron.host; otherwise say what to do. Says (WARNING) what stands in the way when pg_cron cannot log in to run them (dispatch.cron_login_problem). Returns what it did.';
+    'Register (or update) the pg_cron jobs dispatch-tick and dispatch-prune when pg_cron is installed in this database, moving existing ones to the current cron.host; otherwise say what to do. When jobs of these names of the current role run in another database (pg_cron names a job once per role), registers nothing and says so (WARNING). Says (WARNING) what stands in the way when pg_cron cannot log in to run them (dispatch.cron_login_problem). Returns what it did.';
