@@ -772,12 +772,11 @@ class Harness:
             unexplained = conn.execute(
                 "SELECT e.rid, e.worker, e.attempt, e.decision, e.arrived,"
                 "       e.answered - e.arrived, extract(epoch FROM c.at), r.status, r.attempt,"
-                "       (SELECT a->>'status' FROM jsonb_array_elements(r.earlier_attempts) a"
-                "        WHERE (a->>'attempt')::int = e.attempt),"
-                "       (SELECT extract(epoch FROM (a->>'at')::timestamptz)"
-                "        FROM jsonb_array_elements(r.earlier_attempts) a"
-                "        WHERE (a->>'attempt')::int = e.attempt)"
+                "       ended.status, extract(epoch FROM ended.at)"
                 " FROM unexplained_extra e JOIN dispatch.runs r ON r.id = e.rid"
+                " LEFT JOIN LATERAL (SELECT a->>'status' AS status, (a->>'at')::timestamptz AS at"
+                "                    FROM jsonb_array_elements(r.earlier_attempts) a"
+                "                    WHERE (a->>'attempt')::int = e.attempt) ended ON true"
                 " LEFT JOIN chaos.claims c"
                 "        ON c.run_id = e.rid AND c.attempt = e.attempt AND c.worker = e.worker"
                 " ORDER BY e.arrived LIMIT 5").fetchall()

@@ -175,9 +175,11 @@ class Completer:
     def _kept(self) -> list[_Kept]:
         return [*self._unavailable.items.values(), *self._busy.items.values()]
 
-    def _forget(self, run_id: int) -> None:
-        self._unavailable.items.pop(run_id, None)
-        self._busy.items.pop(run_id, None)
+    def _forget(self, run_id: int) -> _Kept | None:
+        """Drop a run's kept outcome, if any, and return it."""
+        unavailable = self._unavailable.items.pop(run_id, None)
+        busy = self._busy.items.pop(run_id, None)
+        return unavailable or busy
 
     @property
     def queued(self) -> int:
@@ -265,8 +267,7 @@ class Completer:
             if busy:
                 self._keep(run, outcome, busy=True, reason=BUSY_REASON)
                 continue
-            kept = self._busy.items.get(run.run_id) or self._unavailable.items.get(run.run_id)
-            self._forget(run.run_id)
+            kept = self._forget(run.run_id)
             if not recorded:
                 # How late it came and whether it had waited: a lease overrun by a slow write
                 # tells apart from a run taken from a listener that was on time.

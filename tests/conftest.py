@@ -136,7 +136,7 @@ def connect(db: psycopg.Connection) -> Iterator[Callable[..., psycopg.Connection
 
 
 # Modules that use what belongs to the whole cluster: pg_cron's jobs in database postgres (a job
-# name is the cluster's: dispatch-tick registered for one database replaces another's).
+# name is a role's across the cluster: dispatch-tick registered for two databases at once clashes).
 _CLUSTER_WIDE = {"test_pg_cron.py", "test_install.py", "test_doctor.py"}
 
 

@@ -4490,6 +4490,7 @@ DECLARE
     cron_host text := coalesce((SELECT h.setting FROM pg_catalog.pg_settings h WHERE h.name = 'cron.host'), 'localhost');
     msg text;
     problem text;
+    cron_here boolean;
     elsewhere text;
 BEGIN
     IF cron_db = current_database()
@@ -4498,7 +4499,8 @@ BEGIN
         CREATE EXTENSION pg_cron;
     END IF;
 
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
+    cron_here := EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron');
+    IF cron_here THEN
         -- pg_cron names a job once per role, and cron.schedule keeps the database of a job of the
         -- same name: jobs of this role that run in another database (sql/pg_cron.sql) stay there.
         EXECUTE $sql$SELECT string_agg(DISTINCT database, ', ') FROM cron.job
@@ -4512,7 +4514,7 @@ BEGIN
                       '(''dispatch-tick'', ''dispatch-prune'') AND username = current_user, then install again; '
                       'to tick both databases, install as another role', current_database(), current_user, elsewhere);
         RAISE WARNING '%', msg;
-    ELSIF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron') THEN
+    ELSIF cron_here THEN
         -- cron.schedule updates a job of the same name, so this is idempotent.
         EXECUTE $sql$SELECT cron.schedule('dispatch-tick', '* * * * *', 'SELECT dispatch.tick()')$sql$;
         EXECUTE $sql$SELECT cron.schedule('dispatch-prune', '*/10 * * * *', 'CALL dispatch.prune()')$sql$;
