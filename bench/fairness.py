@@ -41,7 +41,7 @@ from bench.common import (
     stop_cluster,
     wait_until,
 )
-from bench.dispatch import listeners
+from bench.dispatch import listeners, set_instant
 from bench.sink import NginxSink
 
 __all__ = ["measure"]
@@ -77,20 +77,14 @@ def one_round(side: Revision, figures: Figures, sink: NginxSink, *, big: int, sm
             listeners(count, url=side.url, template=sink.template, concurrency=concurrency, log_dir=log_dir,
                       log_level="info", event_loop=side.event_loop, command=side.venv / "bin" / "pgdispatch"):
         db.execute("TRUNCATE dispatch.runs, dispatch.audit_log")
-        with db.transaction():
-            row = db.execute(
-                "UPDATE dispatch.schedules"
-                " SET next_run_at = date_trunc('second', now()) + %s * interval '1 s'"
-                " RETURNING extract(epoch FROM next_run_at)::float8", (lead_s,)).fetchone()
-            db.execute("SELECT pg_notify('dispatch', 'schedules')")
-        assert row is not None
-        instant = row[0]
+        instant = set_instant(db, runs=total, lead_s=lead_s)
         waiting = "SELECT EXISTS (SELECT FROM dispatch.schedules WHERE next_run_at = to_timestamp(%s))"
         wait_until(lambda: db.execute(waiting, (instant,)).fetchone() == (False,), "all runs recorded",
                    within=900, every=0.1)
-        requests = dict(db.execute("SELECT r.request_id, s.project_id FROM dispatch.runs r"
-                                   " JOIN dispatch.schedules s ON s.id = r.schedule_id"
-                                   " WHERE r.scheduled_for = to_timestamp(%s)", (instant,)).fetchall())
+        requests: dict[str, str] = dict(db.execute(
+            "SELECT r.request_id, s.project_id FROM dispatch.runs r"
+            " JOIN dispatch.schedules s ON s.id = r.schedule_id"
+            " WHERE r.scheduled_for = to_timestamp(%s)", (instant,)).fetchall())
         big_last = db.execute(
             "SELECT extract(epoch FROM max(r.finished_at))::float8 FROM dispatch.runs r"
             " JOIN dispatch.schedules s ON s.id = r.schedule_id"
