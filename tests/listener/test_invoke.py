@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import socket
 import time
@@ -70,6 +72,21 @@ def test_names_are_one_percent_encoded_path_segment_each(project_id: str, functi
     request = build_request(make_run(project_id=project_id, function_name=function_name),
                             url_template="http://h/p/{project_id}/f/{function_name}", secret=None)
     assert str(request.url) == f"http://h{path}"
+
+
+@pytest.mark.parametrize("key_length", [0, 1, 63, 64, 65, 200])
+def test_the_signature_is_hmac_sha256_whatever_the_secret_s_length(key_length: int) -> None:
+    """sign() keeps each secret's padded key hashed once; the digest is still the standard
+    HMAC's, for keys shorter than SHA-256's block, exactly one block, and longer (hashed first)."""
+    secret = bytes((7 * i + key_length) % 256 for i in range(key_length))
+    other = b"the-rotation's-other-secret"
+    body = b'{"args":{},"invoker":{"kind":"schedule"}}'
+    expected = [hmac.new(key, b"1700000000." + body, hashlib.sha256).hexdigest() for key in (secret, other)]
+    assert sign(secret, body, 1_700_000_000) == f"t=1700000000,v1={expected[0]}"
+    assert sign(secret, body, 1_700_000_000, other) == f"t=1700000000,v1={expected[0]},v1={expected[1]}"
+    # the same secret again, from its cached keyed hashes, and another body: nothing carried over
+    assert sign(secret, body + b" ", 1_700_000_001) == "t=1700000001,v1=" + hmac.new(
+        secret, b"1700000001." + body + b" ", hashlib.sha256).hexdigest()
 
 
 async def test_signature_received_over_http_verifies(sink: Sink) -> None:
