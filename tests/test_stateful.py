@@ -91,7 +91,9 @@ class DispatchWalk(RuleBasedStateMachine):
         super().__init__()
         s = self.sessions
         s.dba.rollback()
-        s.clock.execute("TRUNCATE dispatch.runs, dispatch.audit_log, dispatch.schedules")
+        # each walk from nothing: a breaker an earlier walk opened would hold this one's runs
+        # for as long as its probes are spaced in real time
+        s.clock.execute("TRUNCATE dispatch.runs, dispatch.audit_log, dispatch.schedules, dispatch.breakers")
         self.horizon: datetime = one(s.clock, "SELECT date_trunc('minute', now())")
         self.schedules: list[str] = []
         self.gone_zone: set[str] = set()
@@ -623,11 +625,38 @@ def sessions(db: psycopg.Connection, connect: Callable[..., psycopg.Connection])
 EXPLAIN_STATES = ("live", "busy", "pending", "paused", "disabled", "deleted")
 
 
+def walk_by_hand(sessions: Sessions) -> None:
+    """A walk given step by step, through the same rules, invariants and end-of-walk checks as the
+    random ones. It reaches what a fixed seed's walks may miss: an edit of the rules draws other
+    walks (hypothesis seeds them from the class's source), and which outcomes those reach depends
+    on timing. Here: an outcome the DBA's open edit makes busy, a stop during a retry's back-off,
+    and a walk that ends on a paused schedule."""
+    walk = DispatchWalk()
+    steps: list[Callable[[], None]] = [
+        lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0"),
+        walk.time_passes,
+        lambda: walk.listener_claims(0, 1, False),
+        lambda: walk.dba_leaves_an_edit_open(0, False, True),  # busy
+        lambda: walk.dba_ends_the_transaction(True),
+        lambda: walk.listener_completes(0, 0, "retryable"),  # retried, its back-off begins
+        lambda: walk.admin_changes(0, "pause", "* * * * *"),  # stopped in its back-off
+    ]
+    for step in steps:
+        step()
+        walk.invariants_hold()
+    walk.teardown()
+
+
 @pytest.mark.alone  # which outcomes the walk reaches depends on timing (leases of 1 ms)
 def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
     DispatchWalk.sessions = sessions
     DispatchWalk.steps = 0
     DispatchWalk.seen_outcomes.clear()
+    walk_by_hand(sessions)
+    by_hand = dict(DispatchWalk.seen_outcomes)
+    by_hand_reaches = {"busy", "retried", "error: stopped in its back-off", "explain state paused"}
+    assert by_hand_reaches <= set(by_hand), by_hand
+    DispatchWalk.steps = 0
     machine = DispatchWalkExplainedEveryFewSteps if EXPLAIN_EVERY else DispatchWalk
     run_state_machine_as_test(machine, settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS_PER_EXAMPLE, derandomize=FIXED_SEED,
@@ -635,13 +664,14 @@ def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
         database=None if FIXED_SEED else settings.default.database,
         deadline=None, suppress_health_check=list(HealthCheck)))
     print(f"stateful walk: {DispatchWalk.steps} steps in {EXAMPLES} walks, every invariant held;"
-          f" reached: {dict(sorted(DispatchWalk.seen_outcomes.items()))}")
+          f" reached (the walk by hand's {by_hand} among them):"
+          f" {dict(sorted(DispatchWalk.seen_outcomes.items()))}")
     assert DispatchWalk.steps >= EXAMPLES * STEPS_PER_EXAMPLE // 2
-    reached = " ".join(DispatchWalk.seen_outcomes)
+    reached = DispatchWalk.seen_outcomes
     expected = ["backfill", "busy", "fenced", "recorded", "retried", "retry claimed", "run now",
                 "skipped: schedule", "skipped: cannot compute", "skipped: missed by", "lost: lease",
                 "late call", "slots accounted for", "error: stopped in its back-off",
                 *(f"explain state {v}" for v in EXPLAIN_STATES),
                 *(f"explain open run {v}" for v in ("pending", "running", "buffered", "waits_turn"))]
     for outcome in expected:
-        assert outcome in reached, f"the walks never reached {outcome!r}"
+        assert any(seen.startswith(outcome) for seen in reached), f"the walks never reached {outcome!r}"
