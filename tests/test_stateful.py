@@ -607,6 +607,11 @@ def sessions(db: psycopg.Connection, connect: Callable[..., psycopg.Connection])
         opened.append(conn)
         return conn
 
+    # Breakers that open within a walk (three retryable failures in a row of its one function)
+    # and probe within a few steps, as back-offs do: an open breaker's held runs and probes meet
+    # the other rules' stops, edits and late calls.
+    db.execute("UPDATE dispatch.settings SET breaker_threshold = 3,"
+               " breaker_probe_spacing = '10 milliseconds', breaker_probe_spacing_max = '40 milliseconds'")
     clock, dba = connect(), connect(autocommit=False)
     dba.execute(NO_WAIT)
     dba.commit()
