@@ -640,6 +640,7 @@ def walk_by_hand(sessions: Sessions) -> None:
     steps: list[Callable[[], None]] = [
         lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0"),
         walk.time_passes,
+        walk.time_passes,  # two minutes: its first slot is due even if a minute began since the walk's
         lambda: walk.listener_claims(0, 1, False),
         lambda: walk.dba_leaves_an_edit_open(0, False, True),  # busy
         lambda: walk.dba_ends_the_transaction(True),
