@@ -803,10 +803,11 @@ CREATE FUNCTION dispatch._claim_verdict(r dispatch.runs, s dispatch.schedules) R
     AS $$
     SELECT CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
                 WHEN dispatch._missed(r, s) THEN 'stale'
-                WHEN r.not_before IS NOT NULL AND r.attempt OPERATOR(pg_catalog.>) r.released
-                     AND r.attempt OPERATOR(pg_catalog.-) r.released OPERATOR(pg_catalog.>=) s.max_attempts THEN 'late'
-                WHEN r.not_before IS NOT NULL AND r.kind OPERATOR(pg_catalog.=) 'scheduled'
-                     AND r.attempt OPERATOR(pg_catalog.>) r.released
+                WHEN r.attempt OPERATOR(pg_catalog.=) r.released THEN 'live'
+                WHEN r.attempt OPERATOR(pg_catalog.-) r.released OPERATOR(pg_catalog.>=) s.max_attempts THEN 'late'
+                WHEN r.kind OPERATOR(pg_catalog.=) 'scheduled'
+                     AND (r.earlier_attempts OPERATOR(pg_catalog.->) -1 OPERATOR(pg_catalog.->>) 'status')
+                         IS DISTINCT FROM 'lost'
                      AND pg_catalog.now() OPERATOR(pg_catalog.>=) dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone)
                 THEN 'late'
                 ELSE 'live' END
@@ -817,7 +818,7 @@ $$;
 -- Name: FUNCTION _claim_verdict(r dispatch.runs, s dispatch.schedules); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch._claim_verdict(r dispatch.runs, s dispatch.schedules) IS 'What dispatch.claim_runs does with a pending run it locked: live (starts it), stale (ends it skipped: its schedule stopped, or its first attempt missed misfire_grace) or late (ends it error: a retry beyond max_attempts or past the next slot).';
+COMMENT ON FUNCTION dispatch._claim_verdict(r dispatch.runs, s dispatch.schedules) IS 'What dispatch.claim_runs does with a pending run it locked: live (starts it), stale (ends it skipped: its schedule stopped, or its first attempt missed misfire_grace) or late (ends it error, lost after a lost lease: an attempt beyond max_attempts, or a retry of a failed attempt past the next slot), however the run came back to pending (a back-off, a claim handed back, a lease that expired).';
 
 
 --
@@ -1294,7 +1295,9 @@ BEGIN
         FOR NO KEY UPDATE OF s SKIP LOCKED
     ), late AS (
         UPDATE dispatch.runs r
-        SET status = 'error', finished_at = now(), not_before = NULL,
+        -- lost when the last attempt's lease expired: that attempt may have run
+        SET status = CASE WHEN r.earlier_attempts -> -1 ->> 'status' = 'lost' THEN 'lost' ELSE 'error' END,
+            finished_at = now(), not_before = NULL,
             error = left(coalesce(r.error, 'failed') || CASE
                 WHEN r.attempt - r.released >= s.max_attempts
                 THEN format('; not retried: max_attempts is now %s', s.max_attempts)
@@ -1489,9 +1492,10 @@ CREATE FUNCTION dispatch._explain_open(s dispatch.schedules) RETURNS TABLE(id bi
                 WHEN r.not_before > now() THEN CASE WHEN r.attempt > r.released THEN 'retry_wait'
                                                     ELSE 'jitter_wait' END
                 WHEN dispatch._missed(r, s) THEN 'missed'
-                WHEN r.not_before IS NOT NULL AND r.attempt > r.released
-                     AND r.attempt - r.released >= s.max_attempts THEN 'late'
-                WHEN r.not_before IS NOT NULL AND r.kind = 'scheduled' AND r.attempt > r.released
+                -- dispatch._claim_verdict's 'late', however the run came back to pending
+                WHEN r.attempt > r.released AND r.attempt - r.released >= s.max_attempts THEN 'late'
+                WHEN r.kind = 'scheduled' AND r.attempt > r.released
+                     AND (r.earlier_attempts -> -1 ->> 'status') IS DISTINCT FROM 'lost'
                      AND now() >= dispatch._explain_next(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
                 -- due, but its function's breaker is open: held, unless it goes as the probe
                 WHEN EXISTS (SELECT 1 FROM dispatch.breakers b
@@ -4033,7 +4037,7 @@ BEGIN
             WHEN 'breaker' THEN format('run %s (slot %s) is %s', head.id, dispatch._instant(head.scheduled_for), held)
             WHEN 'missed' THEN format('run %s (slot %s) cannot start within misfire_grace (%s): the next claim ends it skipped',
                                       head.id, dispatch._instant(head.scheduled_for), s.misfire_grace)
-            WHEN 'late' THEN format('run %s (slot %s) waited for a retry that may no longer start (the next slot came, or max_attempts is %s): the next claim ends it error',
+            WHEN 'late' THEN format('run %s (slot %s) waited for a retry that may no longer start (the next slot came, or max_attempts is %s): the next claim ends it error (lost, if its last lease expired)',
                                     head.id, dispatch._instant(head.scheduled_for), s.max_attempts)
             ELSE format('run %s (slot %s) waits behind a run that is no longer open: it goes when the schedule next finishes a run',
                         head.id, dispatch._instant(head.scheduled_for))
@@ -4135,7 +4139,7 @@ BEGIN
                                              dispatch._instant(o.not_before))
                WHEN 'missed' THEN format('not started within misfire_grace (%s): the next claim ends it skipped',
                                          s.misfire_grace)
-               WHEN 'late' THEN 'its retry may no longer start: the next claim ends it error'
+               WHEN 'late' THEN 'its retry may no longer start: the next claim ends it error (lost, if its last lease expired)'
                WHEN 'breaker' THEN held
                ELSE format('due since %s: the next claim takes it%s',
                            dispatch._instant(coalesce(o.not_before, o.fire_at, o.scheduled_for)),

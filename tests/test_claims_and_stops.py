@@ -191,3 +191,73 @@ def test_lowering_max_attempts_during_the_back_off_ends_the_retry(db: psycopg.Co
         "error", "HTTP 503: vendor down; not retried: max_attempts is now 1")
     [(action, metadata)] = audit_of(db, run[0])
     assert action == "schedule.run.error" and len(metadata["attempts"]) == 1
+
+
+# A retry's limits hold however it came back to pending: a claim of it handed back by
+# release_runs (a listener that shut down) or a lease that expired leaves no not_before, and
+# the limits once looked only at runs with one.
+
+def test_a_retry_handed_back_is_still_held_to_the_next_slot(db: psycopg.Connection) -> None:
+    sid, run = failed_once(db)
+    db.execute("UPDATE dispatch.runs SET not_before = now() WHERE id = %s", (run[0],))  # the back-off passes
+    [again] = claim(db, "a")
+    assert release(db, "a", [again]) == 1  # a shuts down before invoking it
+    # Listeners were down until after the next slot (a year later: the yearly schedule's slot
+    # is moved back past it).
+    db.execute("UPDATE dispatch.runs SET scheduled_for = scheduled_for - interval '2 years' WHERE id = %s",
+               (run[0],))
+    assert claim(db, "b") == []
+    row = run_row(db, run[0])
+    assert (row["status"], row["error"], row["attempt"] - row["released"]) == (
+        "error", "HTTP 503: vendor down; not retried: the next slot came first", 1)
+    [(action, _)] = audit_of(db, run[0])
+    assert action == "schedule.run.error"
+    assert scalar(db, "SELECT next_run_at IS NOT NULL FROM dispatch.schedules WHERE id = %s", (sid,))
+
+
+def test_a_retry_handed_back_is_still_held_to_a_lowered_max_attempts(db: psycopg.Connection) -> None:
+    sid, run = failed_once(db)
+    db.execute("UPDATE dispatch.runs SET not_before = now() WHERE id = %s", (run[0],))
+    [again] = claim(db, "a")
+    assert release(db, "a", [again]) == 1
+    db.execute("UPDATE dispatch.schedules SET max_attempts = 1 WHERE id = %s", (sid,))
+    assert claim(db, "b") == []
+    row = run_row(db, run[0])
+    assert (row["status"], row["error"]) == (
+        "error", "HTTP 503: vendor down; not retried: max_attempts is now 1")
+
+
+def test_a_run_whose_lease_expired_is_held_to_a_lowered_max_attempts_and_ends_lost(
+        db: psycopg.Connection) -> None:
+    """max_attempts counts lost leases as attempts: lowered to the attempts gone, no claim
+    invokes the run again. It ends lost, as the expiry would have ended it: that attempt may
+    have run."""
+    sid = add_schedule(db, YEARLY, max_attempts=3)
+    mark_yearly(db)
+    [run] = claim(db, "w", lease="1 second")
+    db.execute("UPDATE dispatch.runs SET lease_until = now() - interval '1 second',"
+               " claimed_at = now() - interval '2 seconds' WHERE id = %s", (run[0],))
+    db.execute("SELECT dispatch.tick()")
+    assert run_row(db, run[0])["status"] == "pending"
+    db.execute("UPDATE dispatch.schedules SET max_attempts = 1 WHERE id = %s", (sid,))
+    assert claim(db, "w2") == []
+    row = run_row(db, run[0])
+    assert (row["status"], row["error"]) == (
+        "lost", "lease of w expired on attempt 1; not retried: max_attempts is now 1")
+    [(action, metadata)] = audit_of(db, run[0])
+    assert action == "schedule.run.lost" and [a["status"] for a in metadata["attempts"]] == ["lost"]
+
+
+def test_a_run_whose_lease_expired_is_delivered_again_even_after_the_next_slot(
+        db: psycopg.Connection) -> None:
+    """At least once: the next-slot limit is a retry's after a failed attempt. A run whose lease
+    expired may never have reached the function; it goes out again, however late."""
+    add_schedule(db, YEARLY, max_attempts=3)
+    mark_yearly(db)
+    [run] = claim(db, "w", lease="1 second")
+    db.execute("UPDATE dispatch.runs SET lease_until = now() - interval '1 second',"
+               " claimed_at = now() - interval '2 seconds',"
+               " scheduled_for = scheduled_for - interval '2 years' WHERE id = %s", (run[0],))
+    db.execute("SELECT dispatch.tick()")
+    [again] = claim(db, "w2")
+    assert (again[0], again[7]) == (run[0], 2)

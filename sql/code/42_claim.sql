@@ -150,25 +150,30 @@ COMMENT ON FUNCTION dispatch._claim_quotas(integer, integer[], integer[], boolea
 
 -- What a claim does with a pending run it locked: 'live', it starts; 'stale', it ends skipped
 -- (its schedule stopped, or its first attempt can no longer start within misfire_grace);
--- 'late', it ends error (a retry that max_attempts, lowered during its back-off, no longer
--- allows, or that would start after its schedule's next slot). No SET clause, so every operator
--- is qualified: the planner inlines it into the claim's statement (see dispatch._missed).
+-- 'late', it ends error, or lost after a lost lease (an attempt went out and max_attempts,
+-- lowered since, allows no more; or a retry of a failed attempt that would start after its
+-- schedule's next slot). A run is a retry by its attempts (attempt > released: one went out),
+-- not by its not_before, which a claim handed back or a lease that expired leaves NULL. A run
+-- whose last attempt's lease expired may never have reached the function: it goes out again
+-- however late (at least once). No SET clause, so every operator is qualified: the planner
+-- inlines it into the claim's statement (see dispatch._missed).
 CREATE OR REPLACE FUNCTION dispatch._claim_verdict(r dispatch.runs, s dispatch.schedules)
 RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT CASE WHEN NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL) THEN 'stale'
                 WHEN dispatch._missed(r, s) THEN 'stale'
-                WHEN r.not_before IS NOT NULL AND r.attempt OPERATOR(pg_catalog.>) r.released
-                     AND r.attempt OPERATOR(pg_catalog.-) r.released OPERATOR(pg_catalog.>=) s.max_attempts THEN 'late'
-                WHEN r.not_before IS NOT NULL AND r.kind OPERATOR(pg_catalog.=) 'scheduled'
-                     AND r.attempt OPERATOR(pg_catalog.>) r.released
+                WHEN r.attempt OPERATOR(pg_catalog.=) r.released THEN 'live'
+                WHEN r.attempt OPERATOR(pg_catalog.-) r.released OPERATOR(pg_catalog.>=) s.max_attempts THEN 'late'
+                WHEN r.kind OPERATOR(pg_catalog.=) 'scheduled'
+                     AND (r.earlier_attempts OPERATOR(pg_catalog.->) -1 OPERATOR(pg_catalog.->>) 'status')
+                         IS DISTINCT FROM 'lost'
                      AND pg_catalog.now() OPERATOR(pg_catalog.>=) dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone)
                 THEN 'late'
                 ELSE 'live' END
 $$;
 COMMENT ON FUNCTION dispatch._claim_verdict(dispatch.runs, dispatch.schedules) IS
-    'What dispatch.claim_runs does with a pending run it locked: live (starts it), stale (ends it skipped: its schedule stopped, or its first attempt missed misfire_grace) or late (ends it error: a retry beyond max_attempts or past the next slot).';
+    'What dispatch.claim_runs does with a pending run it locked: live (starts it), stale (ends it skipped: its schedule stopped, or its first attempt missed misfire_grace) or late (ends it error, lost after a lost lease: an attempt beyond max_attempts, or a retry of a failed attempt past the next slot), however the run came back to pending (a back-off, a claim handed back, a lease that expired).';
 
 CREATE OR REPLACE FUNCTION dispatch.claim_runs(
     worker          text,

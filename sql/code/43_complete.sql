@@ -16,8 +16,9 @@ AS $$
 $$;
 
 -- Retries that will not start before their schedule's next slot, claimed too late, or that
--- max_attempts no longer allows (lowered during the back-off): they end error (a retry never
--- overtakes the next slot, nor the limit an administrator set). Their schedules are locked without waiting.
+-- max_attempts no longer allows (lowered since the last attempt): they end error, or lost when
+-- the last attempt's lease expired (a retry never overtakes the next slot, nor the limit an
+-- administrator set). Their schedules are locked without waiting.
 CREATE OR REPLACE FUNCTION dispatch._end_late_retries(run_ids bigint[])
 RETURNS integer
 LANGUAGE plpgsql
@@ -37,7 +38,9 @@ BEGIN
         FOR NO KEY UPDATE OF s SKIP LOCKED
     ), late AS (
         UPDATE dispatch.runs r
-        SET status = 'error', finished_at = now(), not_before = NULL,
+        -- lost when the last attempt's lease expired: that attempt may have run
+        SET status = CASE WHEN r.earlier_attempts -> -1 ->> 'status' = 'lost' THEN 'lost' ELSE 'error' END,
+            finished_at = now(), not_before = NULL,
             error = left(coalesce(r.error, 'failed') || CASE
                 WHEN r.attempt - r.released >= s.max_attempts
                 THEN format('; not retried: max_attempts is now %s', s.max_attempts)

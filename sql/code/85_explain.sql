@@ -94,9 +94,10 @@ AS $$
                 WHEN r.not_before > now() THEN CASE WHEN r.attempt > r.released THEN 'retry_wait'
                                                     ELSE 'jitter_wait' END
                 WHEN dispatch._missed(r, s) THEN 'missed'
-                WHEN r.not_before IS NOT NULL AND r.attempt > r.released
-                     AND r.attempt - r.released >= s.max_attempts THEN 'late'
-                WHEN r.not_before IS NOT NULL AND r.kind = 'scheduled' AND r.attempt > r.released
+                -- dispatch._claim_verdict's 'late', however the run came back to pending
+                WHEN r.attempt > r.released AND r.attempt - r.released >= s.max_attempts THEN 'late'
+                WHEN r.kind = 'scheduled' AND r.attempt > r.released
+                     AND (r.earlier_attempts -> -1 ->> 'status') IS DISTINCT FROM 'lost'
                      AND now() >= dispatch._explain_next(s.cron_spec, r.scheduled_for, s.timezone) THEN 'late'
                 -- due, but its function's breaker is open: held, unless it goes as the probe
                 WHEN EXISTS (SELECT 1 FROM dispatch.breakers b
@@ -241,7 +242,7 @@ BEGIN
             WHEN 'breaker' THEN format('run %s (slot %s) is %s', head.id, dispatch._instant(head.scheduled_for), held)
             WHEN 'missed' THEN format('run %s (slot %s) cannot start within misfire_grace (%s): the next claim ends it skipped',
                                       head.id, dispatch._instant(head.scheduled_for), s.misfire_grace)
-            WHEN 'late' THEN format('run %s (slot %s) waited for a retry that may no longer start (the next slot came, or max_attempts is %s): the next claim ends it error',
+            WHEN 'late' THEN format('run %s (slot %s) waited for a retry that may no longer start (the next slot came, or max_attempts is %s): the next claim ends it error (lost, if its last lease expired)',
                                     head.id, dispatch._instant(head.scheduled_for), s.max_attempts)
             ELSE format('run %s (slot %s) waits behind a run that is no longer open: it goes when the schedule next finishes a run',
                         head.id, dispatch._instant(head.scheduled_for))
@@ -343,7 +344,7 @@ BEGIN
                                              dispatch._instant(o.not_before))
                WHEN 'missed' THEN format('not started within misfire_grace (%s): the next claim ends it skipped',
                                          s.misfire_grace)
-               WHEN 'late' THEN 'its retry may no longer start: the next claim ends it error'
+               WHEN 'late' THEN 'its retry may no longer start: the next claim ends it error (lost, if its last lease expired)'
                WHEN 'breaker' THEN held
                ELSE format('due since %s: the next claim takes it%s',
                            dispatch._instant(coalesce(o.not_before, o.fire_at, o.scheduled_for)),
