@@ -1721,6 +1721,48 @@ $$;
 
 
 --
+-- Name: _lock_breakers(bigint[], boolean[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._lock_breakers(run_ids bigint[], retryable boolean[]) RETURNS bigint[]
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    held bigint[];
+BEGIN
+    IF run_ids IS NULL
+       OR (NOT coalesce(true = ANY (retryable), false)
+           AND NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.failures > 0 OR b.state = 'open')) THEN
+        RETURN run_ids;
+    END IF;
+    WITH f AS (
+        SELECT DISTINCT s.project_id, s.function_name
+        FROM dispatch.runs x JOIN dispatch.schedules s ON s.id = x.schedule_id
+        WHERE x.id = ANY (_lock_breakers.run_ids)
+    ), locked AS (
+        SELECT b.project_id, b.function_name
+        FROM dispatch.breakers b
+        WHERE (b.project_id, b.function_name) IN (SELECT f.project_id, f.function_name FROM f)
+        ORDER BY b.project_id, b.function_name
+        FOR NO KEY UPDATE SKIP LOCKED
+    )
+    SELECT array_agg(x.id) INTO held
+    FROM dispatch.runs x
+    JOIN dispatch.schedules s ON s.id = x.schedule_id
+    JOIN dispatch.breakers b ON b.project_id = s.project_id AND b.function_name = s.function_name
+    WHERE x.id = ANY (_lock_breakers.run_ids)
+      AND (b.project_id, b.function_name) NOT IN (SELECT l.project_id, l.function_name FROM locked l);
+    IF held IS NULL THEN
+        RETURN run_ids;
+    END IF;
+    RETURN ARRAY(SELECT r FROM unnest(run_ids) r WHERE r <> ALL (held));
+END
+$$;
+
+
+--
 -- Name: _mark_due(timestamp with time zone, integer); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -3326,6 +3368,7 @@ DECLARE
     busy_lease constant interval := interval '5 seconds';
     taken bigint[];
     taken_at tid[];
+    breakers_free bigint[];
     held bigint[];
     retried_ids bigint[];
     retried_at timestamptz[];
@@ -3347,6 +3390,13 @@ BEGIN
     -- given, whatever worker names it; a late outcome from an expired lease never lands on its
     -- successor. Its row and its schedule's are taken without waiting (invariant 3).
     SELECT t.ids, t.tids INTO taken, taken_at FROM dispatch._take_running(complete_runs.run_ids, complete_runs.attempts) t;
+    -- and their functions' breakers, without waiting either: a run whose breaker another
+    -- transaction holds is busy
+    breakers_free := dispatch._lock_breakers(taken, complete_runs.retryable);
+    IF cardinality(breakers_free) IS DISTINCT FROM cardinality(taken) THEN
+        SELECT array_agg(t.id), array_agg(t.at) INTO taken, taken_at
+        FROM unnest(taken, taken_at) AS t(id, at) WHERE t.id = ANY (breakers_free);
+    END IF;
     -- the breakers of their functions count the failures, close on an answer (39_breakers.sql)
     PERFORM dispatch._breaker_outcomes(taken, complete_runs.run_ids, complete_runs.statuses,
                                        complete_runs.retryable, complete_runs.errors);
@@ -5836,6 +5886,13 @@ REVOKE ALL ON FUNCTION dispatch._hold_for_breakers(run_ids bigint[]) FROM PUBLIC
 --
 
 REVOKE ALL ON FUNCTION dispatch._instant(t timestamp with time zone) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _lock_breakers(run_ids bigint[], retryable boolean[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._lock_breakers(run_ids bigint[], retryable boolean[]) FROM PUBLIC;
 
 
 --

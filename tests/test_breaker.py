@@ -217,6 +217,34 @@ def test_only_one_probe_across_concurrent_claimers(db: psycopg.Connection, conne
     assert breaker(db)["probes"] == 2
 
 
+def test_an_outcome_whose_breaker_a_claim_holds_is_busy_not_waited_on(
+        db: psycopg.Connection, connect: Connect) -> None:
+    """Invariant 3: complete_runs never waits on a row another transaction holds. A claim that
+    hands out a probe holds its breaker's row until it commits (in psql, as long as it stays
+    open); an outcome that must count a failure on it, or close it, is busy meanwhile."""
+    db.execute("UPDATE dispatch.settings SET breaker_threshold = 1")
+    [add(db) for _ in range(3)]
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    first, second, third = claim(db, "w", 100)
+    fail(db, [first])
+    assert breaker(db)["state"] == "open"
+    probe_due(db)
+    user = connect(autocommit=False)
+    [probe] = claim(user, "psql", 1)
+    assert probe[0] == first[0]
+    listener = connect()
+    listener.execute("SET lock_timeout = '3s'")
+    answered = (second[0], second[7], "ok", None)
+    failed = (third[0], third[7], "error", "HTTP 503: down")
+    assert complete_many(listener, "w", [answered, failed]) == [
+        (second[0], False, False, True), (third[0], False, False, True)]
+    assert {run_row(db, r[0])["status"] for r in (second, third)} == {"running"}
+    user.commit()
+    assert complete_many(listener, "w", [answered]) == [(second[0], True, True, False)]
+    assert breaker(db)["state"] == "closed"
+
+
 def test_misfire_grace_ends_a_waiting_first_attempt_and_a_retry_keeps_its_policy(
         db: psycopg.Connection) -> None:
     opened(db, expr="0 * * * *")

@@ -170,6 +170,52 @@ $$;
 -- JIT: the one-row settings table has nothing but a scan, which enable_seqscan = off prices at
 -- 10^10, and a plan that dear was JIT-compiled at each call (250 ms a claim).
 
+-- complete_runs' runs whose outcomes may be counted on their functions' breakers now: those
+-- whose breaker row this transaction locked (in key order, so that two completions never
+-- deadlock) or that need none. A claim that hands out a probe holds the breaker's row until it
+-- commits, in psql as long as it stays open, and neither counting a failure nor closing may wait
+-- on it (invariant 3): the runs of such a function are left out, and complete_runs answers them
+-- busy. Nothing is locked when the batch has no retryable failure and no breaker counts or is
+-- open (dispatch._breaker_outcomes then does nothing either).
+CREATE OR REPLACE FUNCTION dispatch._lock_breakers(run_ids bigint[], retryable boolean[])
+RETURNS bigint[]
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off  -- complete_runs' enable_seqscan = off prices the breakers' scan at 10^10
+AS $$
+DECLARE
+    held bigint[];
+BEGIN
+    IF run_ids IS NULL
+       OR (NOT coalesce(true = ANY (retryable), false)
+           AND NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.failures > 0 OR b.state = 'open')) THEN
+        RETURN run_ids;
+    END IF;
+    WITH f AS (
+        SELECT DISTINCT s.project_id, s.function_name
+        FROM dispatch.runs x JOIN dispatch.schedules s ON s.id = x.schedule_id
+        WHERE x.id = ANY (_lock_breakers.run_ids)
+    ), locked AS (
+        SELECT b.project_id, b.function_name
+        FROM dispatch.breakers b
+        WHERE (b.project_id, b.function_name) IN (SELECT f.project_id, f.function_name FROM f)
+        ORDER BY b.project_id, b.function_name
+        FOR NO KEY UPDATE SKIP LOCKED
+    )
+    SELECT array_agg(x.id) INTO held
+    FROM dispatch.runs x
+    JOIN dispatch.schedules s ON s.id = x.schedule_id
+    JOIN dispatch.breakers b ON b.project_id = s.project_id AND b.function_name = s.function_name
+    WHERE x.id = ANY (_lock_breakers.run_ids)
+      AND (b.project_id, b.function_name) NOT IN (SELECT l.project_id, l.function_name FROM locked l);
+    IF held IS NULL THEN
+        RETURN run_ids;
+    END IF;
+    RETURN ARRAY(SELECT r FROM unnest(run_ids) r WHERE r <> ALL (held));
+END
+$$;
+
 -- complete_runs' outcomes, for the breakers of their functions: runs_ids holds the runs taken
 -- (still running with the caller's attempt), the other arrays are complete_runs' own, parallel
 -- to all_ids. A retryable failure counts; any other outcome (ok, or an error that is final:
