@@ -806,8 +806,8 @@ CREATE FUNCTION dispatch._claim_verdict(r dispatch.runs, s dispatch.schedules) R
                 WHEN r.attempt OPERATOR(pg_catalog.=) r.released THEN 'live'
                 WHEN r.attempt OPERATOR(pg_catalog.-) r.released OPERATOR(pg_catalog.>=) s.max_attempts THEN 'late'
                 WHEN r.kind OPERATOR(pg_catalog.=) 'scheduled'
-                     AND (r.earlier_attempts OPERATOR(pg_catalog.->) -1 OPERATOR(pg_catalog.->>) 'status')
-                         IS DISTINCT FROM 'lost'
+                     AND COALESCE(r.earlier_attempts OPERATOR(pg_catalog.->) -1 OPERATOR(pg_catalog.->>) 'status', '')
+                         OPERATOR(pg_catalog.<>) 'lost'
                      AND pg_catalog.now() OPERATOR(pg_catalog.>=) dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone)
                 THEN 'late'
                 ELSE 'live' END
@@ -1313,10 +1313,10 @@ $$;
 
 
 --
--- Name: _end_stale_runs(bigint[], boolean); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _end_stale_runs(bigint[], boolean, text); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._end_stale_runs(run_ids bigint[], wait boolean) RETURNS integer
+CREATE FUNCTION dispatch._end_stale_runs(run_ids bigint[], wait boolean, stopped text DEFAULT NULL::text) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1330,7 +1330,8 @@ BEGIN
               FROM dispatch.runs r
               JOIN dispatch.schedules s ON s.id = r.schedule_id
               WHERE r.id = ANY (_end_stale_runs.run_ids) AND r.status = 'pending'
-                AND (NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                AND (_end_stale_runs.stopped IS NOT NULL
+                     OR NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
                      OR dispatch._missed(r, s))
               FOR UPDATE OF r) l;
     ELSE
@@ -1339,7 +1340,8 @@ BEGIN
               FROM dispatch.runs r
               JOIN dispatch.schedules s ON s.id = r.schedule_id
               WHERE r.id = ANY (_end_stale_runs.run_ids) AND r.status = 'pending'
-                AND (NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                AND (_end_stale_runs.stopped IS NOT NULL
+                     OR NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
                      OR dispatch._missed(r, s))
               FOR UPDATE OF r SKIP LOCKED
               FOR NO KEY UPDATE OF s SKIP LOCKED) l;
@@ -1365,7 +1367,7 @@ BEGIN
                 ELSE format('%s; not retried: schedule %s during the back-off', coalesce(r.error, 'failed'), k.stopped)
                 END, 500)
         FROM dispatch.schedules s
-        CROSS JOIN LATERAL (SELECT dispatch._stopped_as(s) AS stopped) k
+        CROSS JOIN LATERAL (SELECT coalesce(dispatch._stopped_as(s), _end_stale_runs.stopped) AS stopped) k
         WHERE r.id = ANY (ids) AND s.id = r.schedule_id
         RETURNING r
     )
@@ -2412,6 +2414,23 @@ BEGIN
     RETURN NEW;
 END
 $_$;
+
+
+--
+-- Name: _schedule_end_left_pending(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._schedule_end_left_pending() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM dispatch._end_stale_runs(
+        ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.schedule_id = NEW.id AND r.status = 'pending'),
+        wait => true, stopped => dispatch._stopped_as(OLD));
+    RETURN NULL;
+END
+$$;
 
 
 --
@@ -5479,6 +5498,13 @@ CREATE TRIGGER _200_end_pending AFTER UPDATE OF enabled, deleted_at, paused_at O
 
 
 --
+-- Name: schedules _205_end_left_pending; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _205_end_left_pending AFTER UPDATE OF enabled, paused_at ON dispatch.schedules FOR EACH ROW WHEN ((((NOT old.enabled) OR (old.paused_at IS NOT NULL)) AND new.enabled AND (new.paused_at IS NULL) AND (new.deleted_at IS NULL))) EXECUTE FUNCTION dispatch._schedule_end_left_pending();
+
+
+--
 -- Name: schedules _210_unbuffer; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
@@ -5813,10 +5839,10 @@ REVOKE ALL ON FUNCTION dispatch._end_late_retries(run_ids bigint[]) FROM PUBLIC;
 
 
 --
--- Name: FUNCTION _end_stale_runs(run_ids bigint[], wait boolean); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _end_stale_runs(run_ids bigint[], wait boolean, stopped text); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._end_stale_runs(run_ids bigint[], wait boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._end_stale_runs(run_ids bigint[], wait boolean, stopped text) FROM PUBLIC;
 
 
 --
@@ -6017,6 +6043,13 @@ REVOKE ALL ON FUNCTION dispatch._schedule_audit() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION dispatch._schedule_before_write() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _schedule_end_left_pending(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._schedule_end_left_pending() FROM PUBLIC;
 
 
 --

@@ -5,6 +5,7 @@ run with what is known of it, never `lost` (invariant 7) and never retried after
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -261,3 +262,26 @@ def test_a_run_whose_lease_expired_is_delivered_again_even_after_the_next_slot(
     db.execute("SELECT dispatch.tick()")
     [again] = claim(db, "w2")
     assert (again[0], again[7]) == (run[0], 2)
+
+
+def test_a_claim_handed_back_while_a_pause_commits_is_not_invoked_after_the_resume(
+        db: psycopg.Connection, connect: Callable[..., psycopg.Connection]) -> None:
+    """A listener that shuts down hands its claim back while a pause is committing: the pause saw
+    the run running, the release (which waits on nobody) saw the schedule live. The run is left
+    pending under the paused schedule; the resume ends it as the pause would have, rather than
+    let the next claim invoke a slot from before the pause."""
+    sid = add_schedule(db, YEARLY, max_attempts=3)
+    mark_yearly(db)
+    [run] = claim(db, "w")
+    admin = connect(autocommit=False)
+    admin.execute("SELECT dispatch.pause(%s, 'maintenance')", (sid,))
+    assert release(db, "w", [run]) == 1
+    admin.commit()
+    assert run_row(db, run[0])["status"] == "pending"
+    db.execute("SELECT dispatch.resume(%s)", (sid,))
+    assert claim(db, "w2") == []
+    row = run_row(db, run[0])
+    assert (row["status"], row["error"]) == ("skipped", "schedule paused before the run was claimed")
+    [(action, _)] = audit_of(db, run[0])
+    assert action == "schedule.run.skipped"
+    assert scalar(db, "SELECT next_run_at IS NOT NULL FROM dispatch.schedules WHERE id = %s", (sid,))

@@ -354,7 +354,12 @@ $$;
 -- wait => true is for the transaction that stops the schedule (its trigger): it waits for a
 -- claim in progress, so that a run claimed before the stop commits stays claimed. Everyone
 -- else passes false and leaves alone what another transaction holds.
-CREATE OR REPLACE FUNCTION dispatch._end_stale_runs(run_ids bigint[], wait boolean)
+-- stopped names the stop for a schedule that is live again (the trigger of a resume or an
+-- enable): its runs end as that stop would have ended them.
+-- (An install over the version without stopped drops that one: calls with two arguments are
+-- this one's.)
+DROP FUNCTION IF EXISTS dispatch._end_stale_runs(bigint[], boolean);
+CREATE OR REPLACE FUNCTION dispatch._end_stale_runs(run_ids bigint[], wait boolean, stopped text DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -370,7 +375,8 @@ BEGIN
               FROM dispatch.runs r
               JOIN dispatch.schedules s ON s.id = r.schedule_id
               WHERE r.id = ANY (_end_stale_runs.run_ids) AND r.status = 'pending'
-                AND (NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                AND (_end_stale_runs.stopped IS NOT NULL
+                     OR NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
                      OR dispatch._missed(r, s))
               FOR UPDATE OF r) l;
     ELSE
@@ -379,7 +385,8 @@ BEGIN
               FROM dispatch.runs r
               JOIN dispatch.schedules s ON s.id = r.schedule_id
               WHERE r.id = ANY (_end_stale_runs.run_ids) AND r.status = 'pending'
-                AND (NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+                AND (_end_stale_runs.stopped IS NOT NULL
+                     OR NOT (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
                      OR dispatch._missed(r, s))
               FOR UPDATE OF r SKIP LOCKED
               FOR NO KEY UPDATE OF s SKIP LOCKED) l;
@@ -405,7 +412,7 @@ BEGIN
                 ELSE format('%s; not retried: schedule %s during the back-off', coalesce(r.error, 'failed'), k.stopped)
                 END, 500)
         FROM dispatch.schedules s
-        CROSS JOIN LATERAL (SELECT dispatch._stopped_as(s) AS stopped) k
+        CROSS JOIN LATERAL (SELECT coalesce(dispatch._stopped_as(s), _end_stale_runs.stopped) AS stopped) k
         WHERE r.id = ANY (ids) AND s.id = r.schedule_id
         RETURNING r
     )

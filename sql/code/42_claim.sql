@@ -166,8 +166,8 @@ AS $$
                 WHEN r.attempt OPERATOR(pg_catalog.=) r.released THEN 'live'
                 WHEN r.attempt OPERATOR(pg_catalog.-) r.released OPERATOR(pg_catalog.>=) s.max_attempts THEN 'late'
                 WHEN r.kind OPERATOR(pg_catalog.=) 'scheduled'
-                     AND (r.earlier_attempts OPERATOR(pg_catalog.->) -1 OPERATOR(pg_catalog.->>) 'status')
-                         IS DISTINCT FROM 'lost'
+                     AND COALESCE(r.earlier_attempts OPERATOR(pg_catalog.->) -1 OPERATOR(pg_catalog.->>) 'status', '')
+                         OPERATOR(pg_catalog.<>) 'lost'
                      AND pg_catalog.now() OPERATOR(pg_catalog.>=) dispatch._next_slot(s.cron_spec, r.scheduled_for, s.timezone)
                 THEN 'late'
                 ELSE 'live' END
