@@ -55,12 +55,14 @@ __all__ = [
     "new_session",
     "parse_retry_after",
     "retryable_status",
+    "storable_text",
 ]
 
 MAX_BODY_BYTES = 64 * 1024
 EXCERPT_CHARS = 200
 USER_AGENT = f"pgdispatch/{__version__}"
 _SPACES = re.compile(r"\s+")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # only lone ones survive decoding: a pair is one character
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +207,7 @@ class Invoker:
         duration_ms = round((time.monotonic() - started) * 1000)
         error = outcome.error
         if error is not None:
-            error = error.replace("\x00", "")  # PostgreSQL text cannot hold NUL
+            error = storable_text(error)
             if len(error) > 500:
                 error = error[:497] + "..."
         return Outcome(status=outcome.status, error=error, http_status=outcome.http_status,
@@ -245,6 +247,19 @@ class Invoker:
             raise
         except Exception as exc:  # a function must never crash the listener
             return _failed(f"request failed: {_describe(exc)}", http_status)
+
+
+def storable_text(text: str) -> str:
+    """`text` as PostgreSQL text can hold it. A function's answer is not to be trusted to be text:
+    a JSON string may carry a lone surrogate (``"\\ud800"`` is valid JSON, and json.loads keeps
+    it), and aiohttp's pure-Python parser decodes a status line or header that is not UTF-8
+    with surrogateescape, which an error message may quote. Neither can be encoded as UTF-8,
+    and psycopg refuses the whole statement (a batch of outcomes) for it. NUL, which PostgreSQL
+    text cannot hold, is dropped; a lone surrogate becomes U+FFFD."""
+    text = text.replace("\x00", "")
+    if _SURROGATE.search(text) is not None:
+        text = _SURROGATE.sub("\ufffd", text)
+    return text
 
 
 def _failed(error: str, http_status: int | None, *, retryable: bool = False) -> Outcome:

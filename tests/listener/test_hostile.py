@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import socket
 import zlib
@@ -20,7 +21,7 @@ import psycopg.conninfo
 import pytest
 from aiohttp import web
 
-from .kit import PGDISPATCH, ListenerProcess, Running, mark_all_due, scalar, until
+from .kit import PGDISPATCH, Call, ListenerProcess, Running, Sink, mark_all_due, scalar, until
 
 SECRET = "hostile-signing-secret-0123456789"  # noqa: S105
 PASSWORD = "hostile-db-password-9876543210"  # noqa: S105
@@ -257,6 +258,48 @@ async def test_endpoints_that_answer_garbage_or_nothing_are_recorded_as_errors(
     assert status == "error"
     assert error.startswith(error_start), error
     assert len(error) <= 500
+
+
+async def test_error_text_that_is_not_utf8_is_recorded_with_the_rest_of_its_batch(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink,
+    start_listener: Callable[..., Awaitable[Running]], caplog: pytest.LogCaptureFixture,
+) -> None:
+    # "\ud800" is valid JSON for a lone surrogate, which no UTF-8 can carry: psycopg refused the
+    # batch holding it, the completion writer died, and the listener stopped, abandoning every
+    # outcome it held; each retry of the run stopped it again.
+    caplog.set_level(logging.INFO, logger="dispatcher")
+    go = asyncio.Event()
+    answers = {
+        "lone-high": (422, b'{"code":"E","message":"bad \\ud800"}'),
+        "lone-low-ok-false": (200, b'{"ok": false, "message": "\\udfff end"}'),
+    }
+
+    async def answer(request: web.Request, call: Call) -> web.StreamResponse:
+        await go.wait()
+        status, body = answers.get(call.function_name, (200, b'{"ok": true}'))
+        return web.Response(status=status, body=body, content_type="application/json")
+
+    for name in (*answers, "fine"):
+        sink.handlers[name] = answer
+        _insert(db, "acme", name)
+    for _ in range(3):
+        _insert(db, "acme", "fine")
+    running = await start_listener(concurrency=10)
+    mark_all_due(db)
+    await until(lambda: len(sink.calls) == 6, what="every call in flight")
+    go.set()  # answered together: written in one batch, or few
+
+    async def finished() -> bool:
+        return bool(await scalar(adb, "SELECT bool_and(finished_at IS NOT NULL) FROM dispatch.runs"))
+
+    await until(lambda: running.task.done() or finished(), what="every run finished")
+    assert not running.task.done(), f"the listener stopped: {running.task.exception()!r}"
+    rows = db.execute("SELECT s.function_name, r.status, r.error FROM dispatch.runs r"
+                      " JOIN dispatch.schedules s ON s.id = r.schedule_id ORDER BY 1, r.id").fetchall()
+    assert rows == [*[("fine", "ok", None)] * 4, ("lone-high", "error", "E: bad \ufffd"),
+                    ("lone-low-ok-false", "error", "\ufffd end")]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert len(sink.calls) == 6  # nothing invoked twice
 
 
 async def test_redirects_are_not_followed(
