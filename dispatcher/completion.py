@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -65,6 +66,19 @@ BUSY_RETRY_MAX_S = 2.0  # under the 5 s a busy answer renews the lease to (dispa
 BUSY_REASON = "another transaction holds the run or its schedule"
 REPEAT_WARNING_S = 10.0
 BUSY_WARNING_S = 5.0
+
+
+# Refusals of an outcome's text: psycopg's (client side) and the server's (a character its
+# encoding does not have).
+_UNENCODABLE = (UnicodeError, psycopg.errors.CharacterNotInRepertoire, psycopg.errors.UntranslatableCharacter)
+
+
+def _escaped(text: str | None) -> str | None:
+    """`text` in ASCII, whatever it cannot carry as \\x, \\u or \\U escapes: every server and
+    client encoding PostgreSQL has holds it."""
+    if text is None:
+        return None
+    return text.encode("ascii", "backslashreplace").decode("ascii").replace("\x00", "\\x00")
 
 
 def _fields(run: Run, outcome: Outcome) -> dict[str, object]:
@@ -243,12 +257,26 @@ class Completer:
             for run, outcome in items:
                 self._keep(run, outcome, busy=False, reason=str(exc))
             return False
-        except psycopg.Error as exc:
+        except (psycopg.Error, UnicodeError) as exc:
+            # UnicodeError: an outcome's text that the connection's encoding cannot carry (psycopg
+            # encodes the statement here, before sending it). A function's answer is the one
+            # free-form text in an outcome, so whatever it holds must not stop the writer.
             if len(items) > 1:  # find the one that fails; record the others
                 for item in items:
                     await self._write([item])
                 return True
             run, outcome = items[0]
+            escaped = _escaped(outcome.error)
+            if isinstance(exc, _UNENCODABLE) and escaped != outcome.error:
+                # The text, in the client's encoding or the database's (invoke.storable_text
+                # missed a case, or either is not UTF8): recorded as ASCII escapes rather than not
+                # at all, which would have the function called again for this slot; and said.
+                logger.error(
+                    "run %s: its error text could not be recorded as it was (%s); recording it escaped",
+                    run.run_id, exc,
+                    extra={"event": "completion_text_escaped", **_fields(run, outcome), "reason": str(exc)},
+                )
+                return await self._write([(run, dataclasses.replace(outcome, error=escaped))])
             logger.error(  # not transient: retrying would fail the same way
                 "run %s: recording its outcome failed: %s", run.run_id, exc,
                 extra={"event": "completion_failed", **_fields(run, outcome), "reason": str(exc)},

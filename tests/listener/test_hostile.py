@@ -302,6 +302,44 @@ async def test_error_text_that_is_not_utf8_is_recorded_with_the_rest_of_its_batc
     assert len(sink.calls) == 6  # nothing invoked twice
 
 
+async def test_error_text_the_connection_cannot_encode_is_recorded_escaped_and_said(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    start_listener: Callable[..., Awaitable[Running]], caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Whatever text a function sends must not stop the completion writer, even where the listener
+    # cannot store it as sent: here a client_encoding (from the URL; PGCLIENTENCODING does the
+    # same) without the euro sign, which psycopg then refuses to encode.
+    caplog.set_level(logging.INFO, logger="dispatcher")
+    go = asyncio.Event()
+
+    async def answer(request: web.Request, call: Call) -> web.StreamResponse:
+        await go.wait()
+        if call.function_name == "euro":
+            return web.json_response({"code": "E", "message": "costs 5 \u20ac"}, status=422)
+        return web.json_response({"ok": True})
+
+    for name in ("euro", "fine", "fine"):
+        sink.handlers[name] = answer
+        _insert(db, "acme", name)
+    latin1 = psycopg.conninfo.make_conninfo(dsn, client_encoding="LATIN1")
+    running = await start_listener(database_url=latin1, concurrency=10)
+    mark_all_due(db)
+    await until(lambda: len(sink.calls) == 3, what="every call in flight")
+    go.set()
+
+    async def finished() -> bool:
+        return bool(await scalar(adb, "SELECT bool_and(finished_at IS NOT NULL) FROM dispatch.runs"))
+
+    await until(lambda: running.task.done() or finished(), what="every run finished")
+    assert not running.task.done(), f"the listener stopped: {running.task.exception()!r}"
+    rows = db.execute("SELECT s.function_name, r.status, r.error FROM dispatch.runs r"
+                      " JOIN dispatch.schedules s ON s.id = r.schedule_id ORDER BY 1, r.id").fetchall()
+    assert rows == [("euro", "error", "E: costs 5 \\u20ac"), ("fine", "ok", None), ("fine", "ok", None)]
+    errors = [(r.levelno, getattr(r, "event", None)) for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [(logging.ERROR, "completion_text_escaped")]
+    assert len(sink.calls) == 3  # nothing invoked twice
+
+
 async def test_redirects_are_not_followed(
     db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], raw_sink: RawSink,
     start_listener: Callable[..., Awaitable[Running]],
