@@ -335,7 +335,6 @@ class Database:
             min_size=self._pool_size,
             max_size=self._pool_size,
             open=False,
-            check=self._check_connection,
             name="pgdispatch",
             reconnect_timeout=float("inf"),  # never give up: the listener waits for the database
         )
@@ -387,11 +386,24 @@ class Database:
                 logger.info("the database answers again: starting the connection pool over",
                             extra={"event": "database_pool_reopened"})
 
-    async def _check_connection(self, conn: LiveConnection) -> None:
-        if time.monotonic() - self._last_used.get(conn, float("-inf")) > CHECK_AFTER_IDLE_S:
-            # A failed check makes the pool discard the connection and try another.
+    async def _found_broken(self, conn: LiveConnection) -> bool:
+        """Check a connection idle for a while (see CHECK_AFTER_IDLE_S); one that fails is closed,
+        and the pool replaces it once it is given back.
+
+        Not the pool's `check`: psycopg_pool (3.3) backs off 1 s, 2 s, 4 s ... between a failed
+        check and the next connection it tries. A blip that reset every pooled connection (a
+        pooler restarted, a failover) then cost the next call its whole bound (5 s) although new
+        connections were made in milliseconds, and an outcome it carried was kept, or abandoned,
+        for want of a database that was there."""
+        if time.monotonic() - self._last_used.get(conn, float("-inf")) <= CHECK_AFTER_IDLE_S:
+            return False
+        try:
             async with asyncio.timeout(CHECK_TIMEOUT_S):
-                await AsyncConnectionPool.check_connection(conn)
+                await conn.execute("")
+        except (psycopg.Error, TimeoutError):
+            await conn.close()
+            return True
+        return False
 
     async def verify(self) -> int:
         """Connect once outside the pool and check the schema; the schema version."""
@@ -435,10 +447,15 @@ class Database:
             # The bound covers waiting for a connection, checking it and the statement: a call on
             # a path that died silently is cancelled (psycopg then closes that connection).
             async with asyncio.timeout(limit):
-                async with pool.connection(timeout=min(CONNECTION_WAIT_S, limit)) as conn:
-                    rows = await _bounded(conn, query, params, row_factory, deadline,
-                                          self._server_clock_offset_s)
-                    self._last_used[conn] = time.monotonic()
+                while True:
+                    async with pool.connection(
+                            timeout=min(CONNECTION_WAIT_S, deadline - time.monotonic())) as conn:
+                        if await self._found_broken(conn):
+                            continue  # the next one at once: a blip breaks them all together
+                        rows = await _bounded(conn, query, params, row_factory, deadline,
+                                              self._server_clock_offset_s)
+                        self._last_used[conn] = time.monotonic()
+                        break
         except TimeoutError:
             self._set_failing(True)
             raise DatabaseUnavailable(f"no answer from the database within {limit:g} s") from None

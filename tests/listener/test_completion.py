@@ -14,6 +14,7 @@ import psycopg
 from aiohttp import web
 
 from .kit import Call, Running, Sink, add_schedules, mark_all_due, scalar, until
+from .proxy import Proxy
 
 StartListener = Callable[..., Awaitable[Running]]
 
@@ -202,6 +203,52 @@ async def test_an_answered_run_outlives_its_lease_while_its_schedule_is_held(
         await holding.close()
     await adb.execute("SELECT dispatch.tick()")  # the sweep, as pg_cron's job or another listener
     await until(lambda: scalar(adb, "SELECT status <> 'running' FROM dispatch.runs"), within=5,
+                what="the run finished or its lease expired")
+    row = await (await adb.execute("SELECT status, attempt, earlier_attempts FROM dispatch.runs")).fetchone()
+    assert row == ("ok", 1, None), f"(status, attempt, earlier attempts): {row}"
+    assert len(sink.calls) == 1, f"the function was called {len(sink.calls)} times for one answered slot"
+
+
+async def test_a_busy_outcome_is_not_given_up_at_a_blip_that_resets_every_pooled_connection(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    start_listener: StartListener, proxies: list[Proxy], caplog: Any,
+) -> None:
+    """Review: with its schedule held past its claim's lease (each busy answer renewing it on the
+    server), an outcome was abandoned ("its lease ended") at the first blip, and the function was
+    called again for a slot it had answered. The blip, a reset of every pooled connection, cost
+    the retry its whole 5 s bound: psycopg_pool backs off 1 s, 2 s, ... between a connection
+    that failed its check and the next, fresh ones included. A failed check costs a round trip."""
+    caplog.set_level(logging.DEBUG, logger="dispatcher.completion")
+    go = asyncio.Event()
+    _held_until(sink, "held", go)
+    add_schedules(db, 1, function_name="held")
+    proxy = proxies[0]
+    await start_listener(database_url=proxy.url(dsn), listen_database_url=dsn, concurrency=4,
+                         timeout_s=1.0, lease_s=2.5)
+    mark_all_due(db)
+    await until(lambda: len(sink.calls) == 1, what="the run invoked")
+    lease_until = await scalar(adb, "SELECT lease_until FROM dispatch.runs")
+
+    def seen(event: str, after: float = 0.0, **fields: Any) -> list[Any]:
+        return [r for r in caplog.records if getattr(r, "event", None) == event and r.created > after
+                and all(getattr(r, k, None) == v for k, v in fields.items())]
+
+    holding = await _lock_schedules(dsn, "held")
+    try:
+        go.set()
+        await until(lambda: seen("completion_deferred", busy=True), what="the outcome kept busy")
+        await until(lambda: scalar(adb, "SELECT clock_timestamp() > %s + interval '1 second'",
+                                   (lease_until,)),
+                    within=10, interval=0.1, what="the end of the claim's lease, and more")
+        reset_at = time.time()
+        assert proxy.reset() >= 1
+        await until(lambda: seen("completion_deferred", reset_at, busy=True) or seen("completion_abandoned"),
+                    within=10, what="an answer after the reset")
+        assert not seen("completion_abandoned"), "the outcome was abandoned at the blip"
+    finally:
+        await holding.close()
+    await adb.execute("SELECT dispatch.tick()")  # the sweep, as pg_cron's job or another listener
+    await until(lambda: scalar(adb, "SELECT status <> 'running' FROM dispatch.runs"), within=10,
                 what="the run finished or its lease expired")
     row = await (await adb.execute("SELECT status, attempt, earlier_attempts FROM dispatch.runs")).fetchone()
     assert row == ("ok", 1, None), f"(status, attempt, earlier attempts): {row}"
