@@ -452,8 +452,15 @@ class Database:
                             timeout=min(CONNECTION_WAIT_S, deadline - time.monotonic())) as conn:
                         if await self._found_broken(conn):
                             continue  # the next one at once: a blip breaks them all together
-                        rows = await _bounded(conn, query, params, row_factory, deadline,
-                                              self._server_clock_offset_s)
+                        try:
+                            rows = await _bounded(conn, query, params, row_factory, deadline,
+                                                  self._server_clock_offset_s)
+                        except errors.ReadOnlySqlTransaction:
+                            # A session on a node that no longer takes writes (a demoted primary
+                            # behind a VIP or a pooler): closed, so that the pool's next one may
+                            # reach the primary rather than this session being used forever.
+                            await conn.close()
+                            raise
                         self._last_used[conn] = time.monotonic()
                         break
         except TimeoutError:
@@ -471,6 +478,11 @@ class Database:
             # reason to start the pool over; a connection-level one (no SQLSTATE) is.
             self._set_failing(getattr(exc, "sqlstate", None) is None)
             raise classify(exc) from exc
+        except errors.ReadOnlySqlTransaction as exc:
+            # 25006: the database is there but takes no writes now (a failover under way, a
+            # default_transaction_read_only): like a database that is down, wait and retry, and
+            # keep what is in hand. Not a reason to start the pool over: its connection is closed.
+            raise DatabaseUnavailable(f"the database takes no writes: {_one_line(exc)}") from exc
         if self._failing:
             self._set_failing(False)
         self._on_success()

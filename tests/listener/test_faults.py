@@ -15,6 +15,9 @@ import psycopg
 import pytest
 from aiohttp import web
 
+from dispatcher.config import Settings
+from dispatcher.listener import Listener
+
 from .kit import Call, Running, Sink, add_schedules, mark_all_due, scalar, until
 from .proxy import Proxy
 
@@ -260,3 +263,81 @@ async def test_the_pool_heals_within_5_s_of_its_path_coming_back_after_a_minute(
 ) -> None:
     took = await _pool_path_refused_for(60.0, db, adb, dsn, sink, proxies, start_listener)
     assert took < 5.0
+
+
+async def _read_only(db: psycopg.Connection, on: bool) -> None:
+    """The database as a demoted primary or a standby takes it: sessions opened from now on
+    refuse writes (SQLSTATE 25006); those open already are left as they are."""
+    setting = "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
+    db.execute(f'ALTER DATABASE "{db.info.dbname}" {setting}')
+
+
+async def test_a_database_that_turns_read_only_keeps_the_outcome_and_the_listener(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    proxies: list[Proxy], start_listener: StartListener, caplog: Any,
+) -> None:
+    """Review: a pooled session that reconnected to a node taking no writes (behind a VIP or
+    PgBouncer) got 25006 read_only_sql_transaction, which counted as permanent: the outcome in
+    hand was dropped (completion_failed), the clock and claimer died and the listener exited 1.
+    It is the database being unavailable for writes: outcomes are kept, the session is closed (the
+    next one may reach the primary), and the listener goes on once writes are taken again."""
+    caplog.set_level(logging.DEBUG, logger="dispatcher")
+    go = asyncio.Event()
+
+    async def held(request: web.Request, call: Call) -> web.StreamResponse:
+        await go.wait()
+        return web.json_response({"ok": True})
+
+    sink.handlers["held"] = held
+    add_schedules(db, 1, function_name="held")
+    proxy = proxies[0]
+    running = await start_listener(database_url=proxy.url(dsn), listen_database_url=dsn)
+    mark_all_due(db)
+    await until(lambda: len(sink.calls) == 1, what="the call in flight")
+    await _read_only(db, True)
+    try:
+        proxy.reset()  # the pool's sessions are replaced, by read-only ones
+        go.set()
+        refused = await until(
+            lambda: [r.event for r in caplog.records if "read-only transaction" in getattr(r, "reason", "")]
+            or running.task.done(), what="the outcome refused for want of writes")
+        assert not running.task.done(), f"the listener stopped: {running.task.exception()!r}"
+        assert refused[0] == "completion_deferred", refused
+    finally:
+        await _read_only(db, False)
+    await until(lambda: scalar(adb, "SELECT status = 'ok' FROM dispatch.runs") or running.task.done(),
+                within=15, what="the outcome recorded")
+    assert not running.task.done(), f"the listener stopped: {running.task.exception()!r}"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert await scalar(adb, "SELECT attempt FROM dispatch.runs") == 1
+    assert len(sink.calls) == 1
+
+
+async def test_a_listener_started_on_a_read_only_database_waits_for_writes(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink, caplog: Any,
+) -> None:
+    """Review: started while the database took no writes, the listener's first tick and claim
+    got 25006, and the clock and claimer died (exit 1). Both wait for writes, as for a database
+    that is down, and the run is dispatched once they are taken."""
+    caplog.set_level(logging.INFO, logger="dispatcher")
+    add_schedules(db, 1)
+    mark_all_due(db)  # written by a session opened before the database turned read-only
+    await _read_only(db, True)
+    listener = Listener(Settings(database_url=dsn, invoke_url=sink.template, worker_id="read-only",
+                                 sweep_interval_s=60))
+    task = asyncio.create_task(listener.run())
+    try:
+        try:
+            await until(lambda: "tick_failed" in events(caplog) or task.done(),
+                        what="a tick refused for want of writes")
+            assert not task.done(), f"the listener stopped: {task.exception()!r}"
+        finally:
+            await _read_only(db, False)
+        await until(lambda: scalar(adb, "SELECT status = 'ok' FROM dispatch.runs") or task.done(),
+                    within=15, what="the run dispatched")
+        assert not task.done(), f"the listener stopped: {task.exception()!r}"
+        assert len(sink.calls) == 1
+    finally:
+        listener.stop("test")
+        await asyncio.wait_for(task, 30)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
