@@ -482,7 +482,8 @@ class Database:
             # 25006: the database is there but takes no writes now (a failover under way, a
             # default_transaction_read_only): like a database that is down, wait and retry, and
             # keep what is in hand. Not a reason to start the pool over: its connection is closed.
-            raise DatabaseUnavailable(f"the database takes no writes: {_one_line(exc)}") from exc
+            raise DatabaseUnavailable(
+                f"the database takes no writes: {exc.diag.message_primary or _one_line(exc)}") from exc
         if self._failing:
             self._set_failing(False)
         self._on_success()
