@@ -291,8 +291,14 @@ class Completer:
         statuses: dict[str, int] = {}
         durations: list[int] = []
         advanced_any = False
-        for (run, outcome), (recorded, advanced, busy, retry_at) in zip(items, results, strict=True):
+        for (run, outcome), (recorded, advanced, busy, retry_at, lease_deadline) in zip(
+                items, results, strict=True):
             if busy:
+                # The answer renewed the lease on the server: counting it from the claim would
+                # have an outcome kept past that, and then kept for want of the database,
+                # abandoned while the lease held, and the function called again for the slot.
+                if lease_deadline is not None and lease_deadline > run.lease_deadline:
+                    run = dataclasses.replace(run, lease_deadline=lease_deadline)
                 self._keep(run, outcome, busy=True, reason=BUSY_REASON)
                 continue
             kept = self._forget(run.run_id)

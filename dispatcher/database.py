@@ -97,6 +97,12 @@ SERVER_MARGIN_S = 0.25
 # (CLOCK_READ_MAX_RTT_S) to place the server's reading within half of it.
 CLOCK_READ_EVERY_S = 60.0
 CLOCK_READ_MAX_RTT_S = 0.2
+# A busy answer of dispatch.complete_runs renews the run's lease to at least this long after the
+# server's clock_timestamp() at the call's start (its busy_lease; only when the run's own row is
+# free, and a held row cannot expire meanwhile). That start comes after the listener sent the
+# call, so the call's send time on time.monotonic() plus this is a deadline on the early side,
+# as the claim's is: no offset between the clocks is needed, only that both count real time.
+BUSY_LEASE_S = 5.0
 # A cancel request sent when a call is given up is not waited for longer than this.
 CANCEL_TIMEOUT_S = 2.0
 # Sent before each call's statement, in the same message: its transaction is READ COMMITTED whatever
@@ -241,10 +247,14 @@ class Recorded(NamedTuple):
     advanced: bool  # its schedule moved on to its next slot
     busy: bool  # not written because another transaction holds the run or its schedule: retry
     retry_at: datetime | None = None  # not finished: the run is retried then (the database's clock)
+    # busy: the lease holds at least until then (time.monotonic(); see BUSY_LEASE_S)
+    lease_deadline: float | None = None
 
 
-def _recorded(row: dict[str, Any]) -> Recorded:
-    return Recorded(bool(row["recorded"]), bool(row["advanced"]), bool(row["busy"]), row["retry_at"])
+def _recorded(row: dict[str, Any], sent: float) -> Recorded:
+    busy = bool(row["busy"])
+    return Recorded(bool(row["recorded"]), bool(row["advanced"]), busy, row["retry_at"],
+                    sent + BUSY_LEASE_S if busy else None)
 
 
 class DatabaseUnavailable(Exception):
@@ -519,8 +529,9 @@ class Database:
         """Record an outcome. Not recorded when the run is no longer running with the attempt
         this listener claimed (its lease expired and the run was retried or lost, or an earlier
         call whose answer was lost recorded it already)."""
+        sent = time.monotonic()
         rows = await self._fetch(_COMPLETE, self._complete_params(run, outcome))
-        return _recorded(rows[0])
+        return _recorded(rows[0], sent)
 
     async def complete_many(self, items: Sequence[tuple[Run, Outcome]]) -> list[Recorded]:
         """complete() for several runs with dispatch.complete_runs: one statement, one round trip,
@@ -528,6 +539,7 @@ class Database:
         if len(items) == 1:
             return [await self.complete(*items[0])]
         outcomes = [outcome for _, outcome in items]
+        sent = time.monotonic()
         rows = await self._fetch(
             "SELECT run_id, recorded, advanced, busy, retry_at FROM dispatch.complete_runs("
             "%s, %s::bigint[], %s::integer[], %s::text[], %s::text[], %s::integer[], %s::integer[],"
@@ -546,7 +558,7 @@ class Database:
                  if any(o.retry_after_ms is not None for o in outcomes) else None),
             ),
         )
-        by_id = {row["run_id"]: _recorded(row) for row in rows}
+        by_id = {row["run_id"]: _recorded(row, sent) for row in rows}
         return [by_id[run.run_id] for run, _ in items]
 
     async def release(self, runs: Sequence[Run]) -> int:

@@ -22,7 +22,9 @@ class Run:
     scheduled_for: datetime  # the nominal slot
     attempt: int
     lease_until: datetime
-    lease_deadline: float  # time.monotonic() at which the lease is gone for sure
+    # time.monotonic() until which the lease holds for sure: from the claim, or from the last busy
+    # answer of dispatch.complete_runs, which renews it (dispatcher.database.BUSY_LEASE_S)
+    lease_deadline: float
     timeout_s: float | None = None  # the invocation timeout (claim_runs: the schedule's, else the listener's)
     fire_at: datetime | None = None  # the slot plus the schedule's jitter offset (None: the slot)
     kind: str | None = None  # scheduled, manual or backfill (None: a schema that does not say)

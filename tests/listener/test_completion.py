@@ -253,3 +253,54 @@ async def test_a_busy_outcome_is_not_given_up_at_a_blip_that_resets_every_pooled
     row = await (await adb.execute("SELECT status, attempt, earlier_attempts FROM dispatch.runs")).fetchone()
     assert row == ("ok", 1, None), f"(status, attempt, earlier attempts): {row}"
     assert len(sink.calls) == 1, f"the function was called {len(sink.calls)} times for one answered slot"
+
+
+async def test_a_busy_outcome_is_kept_for_want_of_the_database_while_its_renewed_lease_lasts(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+    start_listener: StartListener, proxies: list[Proxy], caplog: Any,
+) -> None:
+    """Review: each busy answer renews the run's lease on the server, but the listener went on
+    counting it from the claim. Past that, the first call that failed for want of the database had
+    the outcome abandoned ("its lease ended") while the server's lease held, and the function was
+    called again for a slot it had answered. Here the schedule is held past the claim's lease,
+    then the database takes no writes for a moment (as in a failover; 25006 is quick to come)."""
+    caplog.set_level(logging.DEBUG, logger="dispatcher.completion")
+    go = asyncio.Event()
+    _held_until(sink, "held", go)
+    add_schedules(db, 1, function_name="held")
+    proxy = proxies[0]
+    await start_listener(database_url=proxy.url(dsn), listen_database_url=dsn, concurrency=4,
+                         timeout_s=1.0, lease_s=2.5)
+    mark_all_due(db)
+    await until(lambda: len(sink.calls) == 1, what="the run invoked")
+    lease_until = await scalar(adb, "SELECT lease_until FROM dispatch.runs")
+
+    def seen(event: str, reason: str = "") -> list[Any]:
+        return [r for r in caplog.records
+                if getattr(r, "event", None) == event and reason in getattr(r, "reason", "")]
+
+    holding = await _lock_schedules(dsn, "held")
+    try:
+        go.set()
+        await until(lambda: seen("completion_deferred"), what="the outcome kept busy")
+        await until(lambda: scalar(adb, "SELECT clock_timestamp() > %s + interval '1 second'",
+                                   (lease_until,)),
+                    within=10, interval=0.1, what="the end of the claim's lease, and more")
+        db.execute(f'ALTER DATABASE "{db.info.dbname}" SET default_transaction_read_only = on')
+        try:
+            proxy.reset()  # the pool's sessions are replaced, by read-only ones
+            # kept, then retried: the lease is looked at before each retry
+            await until(lambda: len(seen("completion_deferred", "read-only transaction")) >= 2
+                        or seen("completion_abandoned"), what="a retry of the outcome kept")
+        finally:
+            db.execute(f'ALTER DATABASE "{db.info.dbname}" RESET default_transaction_read_only')
+            proxy.reset()  # the failover is over: the read-only node's sessions are gone
+        assert not seen("completion_abandoned"), "abandoned while its renewed lease held"
+    finally:
+        await holding.close()
+    await adb.execute("SELECT dispatch.tick()")  # the sweep, as pg_cron's job or another listener
+    await until(lambda: scalar(adb, "SELECT status <> 'running' FROM dispatch.runs"), within=10,
+                what="the run finished or its lease expired")
+    row = await (await adb.execute("SELECT status, attempt, earlier_attempts FROM dispatch.runs")).fetchone()
+    assert row == ("ok", 1, None), f"(status, attempt, earlier attempts): {row}"
+    assert len(sink.calls) == 1, f"the function was called {len(sink.calls)} times for one answered slot"
