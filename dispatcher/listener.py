@@ -238,7 +238,10 @@ class Listener:
     async def run(self) -> None:
         settings = self.settings
         spawn = self._supervisor.spawn
-        if not await self._wait_for_database():
+        # A stop asked for while the check was under way (it can wait: a migration's lock, a slow
+        # path) ends it here, before anything starts: none of the tasks would be woken by it, and
+        # the shutdown would wait out CLAIM_STOP_WAIT_S for the claimer.
+        if not await self._wait_for_database() or self._stopping.is_set():
             self._stopped = True
             return
         session = new_session(concurrency=settings.concurrency)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -13,6 +14,8 @@ import psycopg
 import pytest
 from aiohttp import web
 
+from dispatcher.config import Settings
+from dispatcher.listener import Listener
 from dispatcher.runs import Run
 from dispatcher.supervisor import TaskFailed
 
@@ -106,3 +109,35 @@ async def test_a_task_failing_during_a_graceful_drain_does_not_force_it(
         await asyncio.wait_for(running.task, 30)
     assert not _events(caplog, "shutdown_forced")
     assert not _events(caplog, "invocations_cancelled"), "the drain was cut short by the failure"
+
+
+async def test_a_stop_during_the_start_up_check_exits_without_starting_the_tasks(
+    db: psycopg.Connection, dsn: str, sink: Sink, caplog: Any,
+) -> None:
+    """Review: a SIGTERM while the start-up check waited (here on a migration that holds
+    dispatch.migrations) was seen only after every task had been started, and the shutdown then
+    waited CLAIM_STOP_WAIT_S (5 s) for a claimer that nothing woke."""
+    caplog.set_level(logging.INFO, logger="dispatcher")
+    migration = await psycopg.AsyncConnection.connect(dsn)  # a transaction left open
+    await migration.execute("LOCK TABLE dispatch.migrations IN ACCESS EXCLUSIVE MODE")
+    listener = Listener(Settings(database_url=dsn, invoke_url=sink.template, worker_id="stop-at-start",
+                                 sweep_interval_s=60))
+    task = asyncio.create_task(listener.run())
+    try:
+        await until(lambda: _scalar(db, "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                                        " 'pgdispatch stop-at-start' AND wait_event_type = 'Lock'"),
+                    what="the start-up check waiting on the migration")
+        listener.stop("SIGTERM")
+    finally:
+        await migration.rollback()
+        await migration.close()
+    released = time.monotonic()
+    await asyncio.wait_for(task, 30)
+    took = time.monotonic() - released
+    assert took < 2.0, f"run() returned {took:.1f} s after the check could go on"
+    assert not _events(caplog, "listener_started"), "the listener's tasks were started after the stop"
+
+
+def _scalar(db: psycopg.Connection, query: str) -> Any:
+    row = db.execute(query).fetchone()
+    return None if row is None else row[0]
