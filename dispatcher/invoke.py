@@ -59,6 +59,9 @@ __all__ = [
 ]
 
 MAX_BODY_BYTES = 64 * 1024
+# Deflate never makes a body much larger than it was (stored blocks add 5 bytes in 64 KiB):
+# more compressed bytes than this, and the answer is no longer one that inflates under the cap.
+MAX_COMPRESSED_BYTES = 2 * MAX_BODY_BYTES
 EXCERPT_CHARS = 200
 USER_AGENT = f"pgdispatch/{__version__}"
 _SPACES = re.compile(r"\s+")
@@ -298,17 +301,25 @@ async def _read_raw(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes
 
 async def _inflate_capped(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
     """A gzip or zlib-wrapped deflate body, inflated up to MAX_BODY_BYTES + 1 bytes and no further
-    (zlib's max_length keeps the rest of the input unread)."""
+    (zlib's max_length keeps the rest of the input unread). The compressed bytes are capped too,
+    and nothing is read after the compressed stream ends: zlib keeps whatever follows it
+    (unused_data), and a stream of empty blocks inflates to nothing however long it runs."""
     inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)  # 32: a gzip or a zlib header, either
     out = bytearray()
+    read = 0
     try:
         async for chunk in response.content.iter_any():
+            read += len(chunk)
             data = chunk
-            while data and len(out) <= MAX_BODY_BYTES:
+            while data and len(out) <= MAX_BODY_BYTES and not inflater.eof:
                 out += inflater.decompress(data, MAX_BODY_BYTES + 1 - len(out))
                 data = inflater.unconsumed_tail
             if len(out) > MAX_BODY_BYTES:
                 return bytes(out[:MAX_BODY_BYTES]), True
+            if inflater.eof:
+                return bytes(out), False  # the answer is whole; what may follow it is not read
+            if read > MAX_COMPRESSED_BYTES:
+                return bytes(out), True
     except zlib.error:
         return bytes(out), True  # not what it claims to be: what inflated is an excerpt, no more
     return bytes(out), False

@@ -453,6 +453,51 @@ async def test_a_compression_bomb_is_not_inflated_past_the_cap(
     assert accepted == ["identity"] * 5  # nothing compressed is asked for
 
 
+@pytest.mark.parametrize("after", ["junk after the stream", "a stream of empty blocks"])
+async def test_a_compressed_answer_is_capped_in_the_bytes_it_sends_too(
+    db: psycopg.Connection, dsn: str, raw_sink: RawSink, after: str,
+) -> None:
+    """The cap counts inflated bytes, but compressed ones must stop somewhere as well: zlib keeps
+    whatever follows a gzip stream's end (50 MB of it were read and held), and a deflate stream
+    of empty blocks inflates to nothing however long it runs (read to its end, or until the call
+    timed out and an answered run was tried again)."""
+    total = 50 * MB
+    sent: list[int] = []  # by each answer
+
+    async def answering(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers={"Content-Encoding": "gzip"})
+        await response.prepare(request)
+        compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        if after == "junk after the stream":
+            first, chunk = compressor.compress(b'{"ok": true}') + compressor.flush(), b"\0" * 65536
+        else:
+            # after a full flush the stream is on a byte: empty stored blocks follow, none final
+            first = compressor.compress(b'{"ok": true}') + compressor.flush(zlib.Z_FULL_FLUSH)
+            chunk = b"\x00\x00\x00\xff\xff" * 13_000
+        sent.append(0)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await response.write(first)
+            while sent[-1] < total:
+                await response.write(chunk)
+                sent[-1] += len(chunk)
+            await response.write_eof()
+        return response
+
+    raw_sink.answer = answering
+    for i in range(5):
+        _insert(db, "acme", f"fn{i}")
+    db.execute("UPDATE dispatch.schedules SET max_attempts = 1")
+    proc = await ListenerProcess.start("--database-url", dsn, "--invoke-url", raw_sink.template,
+                                       "--worker-id", "trailing", "--timeout", "20", "--sweep-interval", "60")
+    try:
+        baseline, peak = await _rss_while_five_runs_finish(db, proc, within=60)
+    finally:
+        await proc.kill()
+    assert db.execute("SELECT status, http_status FROM dispatch.runs").fetchall() == [("ok", 200)] * 5
+    assert (peak - baseline) < 40 * 1024, f"RSS grew from {baseline} kB to {peak} kB"
+    assert len(sent) == 5 and max(sent) < 10 * MB, f"the sink got to send {[n // MB for n in sent]} MB"
+
+
 # -- secrets ---------------------------------------------------------------------------------------
 
 async def test_secret_and_password_never_appear_in_logs_errors_or_ps(
