@@ -1723,10 +1723,10 @@ $$;
 
 
 --
--- Name: _lock_breakers(bigint[], boolean[]); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _lock_breakers(bigint[], bigint[], text[], boolean[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._lock_breakers(run_ids bigint[], retryable boolean[]) RETURNS bigint[]
+CREATE FUNCTION dispatch._lock_breakers(run_ids bigint[], all_ids bigint[], statuses text[], retryable boolean[]) RETURNS bigint[]
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET jit TO 'off'
@@ -1740,22 +1740,31 @@ BEGIN
         RETURN run_ids;
     END IF;
     WITH f AS (
-        SELECT DISTINCT s.project_id, s.function_name
-        FROM dispatch.runs x JOIN dispatch.schedules s ON s.id = x.schedule_id
-        WHERE x.id = ANY (_lock_breakers.run_ids)
+        SELECT s.project_id, s.function_name,
+               bool_or(i.status = 'error' AND coalesce(i.retryable, false)) AS failed
+        FROM unnest(_lock_breakers.all_ids, _lock_breakers.statuses, _lock_breakers.retryable)
+             AS i(id, status, retryable)
+        JOIN dispatch.runs x ON x.id = i.id
+        JOIN dispatch.schedules s ON s.id = x.schedule_id
+        WHERE i.id = ANY (_lock_breakers.run_ids)
+        GROUP BY s.project_id, s.function_name
+    ), wanted AS (
+        SELECT b.project_id, b.function_name
+        FROM dispatch.breakers b JOIN f ON f.project_id = b.project_id AND f.function_name = b.function_name
+        WHERE f.failed OR b.state = 'open' OR b.failures > 0
     ), locked AS (
         SELECT b.project_id, b.function_name
         FROM dispatch.breakers b
-        WHERE (b.project_id, b.function_name) IN (SELECT f.project_id, f.function_name FROM f)
+        WHERE (b.project_id, b.function_name) IN (SELECT w.project_id, w.function_name FROM wanted w)
         ORDER BY b.project_id, b.function_name
         FOR NO KEY UPDATE SKIP LOCKED
     )
     SELECT array_agg(x.id) INTO held
     FROM dispatch.runs x
     JOIN dispatch.schedules s ON s.id = x.schedule_id
-    JOIN dispatch.breakers b ON b.project_id = s.project_id AND b.function_name = s.function_name
     WHERE x.id = ANY (_lock_breakers.run_ids)
-      AND (b.project_id, b.function_name) NOT IN (SELECT l.project_id, l.function_name FROM locked l);
+      AND (s.project_id, s.function_name) IN (SELECT w.project_id, w.function_name FROM wanted w)
+      AND (s.project_id, s.function_name) NOT IN (SELECT l.project_id, l.function_name FROM locked l);
     IF held IS NULL THEN
         RETURN run_ids;
     END IF;
@@ -3411,7 +3420,8 @@ BEGIN
     SELECT t.ids, t.tids INTO taken, taken_at FROM dispatch._take_running(complete_runs.run_ids, complete_runs.attempts) t;
     -- and their functions' breakers, without waiting either: a run whose breaker another
     -- transaction holds is busy
-    breakers_free := dispatch._lock_breakers(taken, complete_runs.retryable);
+    breakers_free := dispatch._lock_breakers(taken, complete_runs.run_ids, complete_runs.statuses,
+                                             complete_runs.retryable);
     IF cardinality(breakers_free) IS DISTINCT FROM cardinality(taken) THEN
         SELECT array_agg(t.id), array_agg(t.at) INTO taken, taken_at
         FROM unnest(taken, taken_at) AS t(id, at) WHERE t.id = ANY (breakers_free);
@@ -5915,10 +5925,10 @@ REVOKE ALL ON FUNCTION dispatch._instant(t timestamp with time zone) FROM PUBLIC
 
 
 --
--- Name: FUNCTION _lock_breakers(run_ids bigint[], retryable boolean[]); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _lock_breakers(run_ids bigint[], all_ids bigint[], statuses text[], retryable boolean[]); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._lock_breakers(run_ids bigint[], retryable boolean[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._lock_breakers(run_ids bigint[], all_ids bigint[], statuses text[], retryable boolean[]) FROM PUBLIC;
 
 
 --

@@ -245,6 +245,28 @@ def test_an_outcome_whose_breaker_a_claim_holds_is_busy_not_waited_on(
     assert breaker(db)["state"] == "closed"
 
 
+def test_completions_of_a_healthy_function_do_not_make_each_other_busy(
+        db: psycopg.Connection, connect: Connect) -> None:
+    """Only the breakers an outcome writes are locked: while another function's breaker counts a
+    failure, two overlapping completions of a function whose breaker is closed and counts
+    nothing are both recorded."""
+    [add(db, "healthy") for _ in range(2)]
+    add(db)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    runs = claim(db, "w", 100)
+    ours = [r for r in runs if r[3] == "healthy"]
+    [down] = [r for r in runs if r[3] == DOWN]
+    fail(db, [down])
+    assert breaker(db)["failures"] == 1
+    db.execute("INSERT INTO dispatch.breakers (project_id, function_name) VALUES ('proj_1', 'healthy')")
+    first, other = connect(autocommit=False), connect()
+    other.execute("SET lock_timeout = '3s'")
+    for session, run in zip((first, other), ours, strict=True):  # the first one's stays open
+        assert complete_many(session, "w", [(run[0], run[7], "ok", None)]) == [(run[0], True, True, False)]
+    first.commit()
+
+
 def test_misfire_grace_ends_a_waiting_first_attempt_and_a_retry_keeps_its_policy(
         db: psycopg.Connection) -> None:
     opened(db, expr="0 * * * *")

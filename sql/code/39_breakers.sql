@@ -175,9 +175,11 @@ $$;
 -- deadlock) or that need none. A claim that hands out a probe holds the breaker's row until it
 -- commits, in psql as long as it stays open, and neither counting a failure nor closing may wait
 -- on it (invariant 3): the runs of such a function are left out, and complete_runs answers them
--- busy. Nothing is locked when the batch has no retryable failure and no breaker counts or is
--- open (dispatch._breaker_outcomes then does nothing either).
-CREATE OR REPLACE FUNCTION dispatch._lock_breakers(run_ids bigint[], retryable boolean[])
+-- busy. Only the rows dispatch._breaker_outcomes will write are locked (a breaker that is open or
+-- counts failures, or the function of a retryable failure in the batch): two completions of a
+-- healthy function must not make each other busy. The arrays are complete_runs' own.
+CREATE OR REPLACE FUNCTION dispatch._lock_breakers(run_ids bigint[], all_ids bigint[], statuses text[],
+                                                   retryable boolean[])
 RETURNS bigint[]
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -193,22 +195,31 @@ BEGIN
         RETURN run_ids;
     END IF;
     WITH f AS (
-        SELECT DISTINCT s.project_id, s.function_name
-        FROM dispatch.runs x JOIN dispatch.schedules s ON s.id = x.schedule_id
-        WHERE x.id = ANY (_lock_breakers.run_ids)
+        SELECT s.project_id, s.function_name,
+               bool_or(i.status = 'error' AND coalesce(i.retryable, false)) AS failed
+        FROM unnest(_lock_breakers.all_ids, _lock_breakers.statuses, _lock_breakers.retryable)
+             AS i(id, status, retryable)
+        JOIN dispatch.runs x ON x.id = i.id
+        JOIN dispatch.schedules s ON s.id = x.schedule_id
+        WHERE i.id = ANY (_lock_breakers.run_ids)
+        GROUP BY s.project_id, s.function_name
+    ), wanted AS (
+        SELECT b.project_id, b.function_name
+        FROM dispatch.breakers b JOIN f ON f.project_id = b.project_id AND f.function_name = b.function_name
+        WHERE f.failed OR b.state = 'open' OR b.failures > 0
     ), locked AS (
         SELECT b.project_id, b.function_name
         FROM dispatch.breakers b
-        WHERE (b.project_id, b.function_name) IN (SELECT f.project_id, f.function_name FROM f)
+        WHERE (b.project_id, b.function_name) IN (SELECT w.project_id, w.function_name FROM wanted w)
         ORDER BY b.project_id, b.function_name
         FOR NO KEY UPDATE SKIP LOCKED
     )
     SELECT array_agg(x.id) INTO held
     FROM dispatch.runs x
     JOIN dispatch.schedules s ON s.id = x.schedule_id
-    JOIN dispatch.breakers b ON b.project_id = s.project_id AND b.function_name = s.function_name
     WHERE x.id = ANY (_lock_breakers.run_ids)
-      AND (b.project_id, b.function_name) NOT IN (SELECT l.project_id, l.function_name FROM locked l);
+      AND (s.project_id, s.function_name) IN (SELECT w.project_id, w.function_name FROM wanted w)
+      AND (s.project_id, s.function_name) NOT IN (SELECT l.project_id, l.function_name FROM locked l);
     IF held IS NULL THEN
         RETURN run_ids;
     END IF;

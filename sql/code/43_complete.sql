@@ -154,7 +154,8 @@ BEGIN
     SELECT t.ids, t.tids INTO taken, taken_at FROM dispatch._take_running(complete_runs.run_ids, complete_runs.attempts) t;
     -- and their functions' breakers, without waiting either: a run whose breaker another
     -- transaction holds is busy
-    breakers_free := dispatch._lock_breakers(taken, complete_runs.retryable);
+    breakers_free := dispatch._lock_breakers(taken, complete_runs.run_ids, complete_runs.statuses,
+                                             complete_runs.retryable);
     IF cardinality(breakers_free) IS DISTINCT FROM cardinality(taken) THEN
         SELECT array_agg(t.id), array_agg(t.at) INTO taken, taken_at
         FROM unnest(taken, taken_at) AS t(id, at) WHERE t.id = ANY (breakers_free);
