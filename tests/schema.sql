@@ -2426,23 +2426,6 @@ $_$;
 
 
 --
--- Name: _schedule_end_left_pending(); Type: FUNCTION; Schema: dispatch; Owner: -
---
-
-CREATE FUNCTION dispatch._schedule_end_left_pending() RETURNS trigger
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-BEGIN
-    PERFORM dispatch._end_stale_runs(
-        ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.schedule_id = NEW.id AND r.status = 'pending'),
-        wait => true, stopped => dispatch._stopped_as(OLD));
-    RETURN NULL;
-END
-$$;
-
-
---
 -- Name: _schedule_end_pending(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -2452,10 +2435,11 @@ CREATE FUNCTION dispatch._schedule_end_pending() RETURNS trigger
     AS $$
 BEGIN
     -- Waits for a claim in progress on one of them: a run claimed before this change commits
-    -- stays claimed (and is invoked); every other pending run ends here.
+    -- stays claimed (and is invoked); every other pending run ends here. (A schedule that stops
+    -- names its stop itself; OLD names the stop that a schedule live again leaves.)
     PERFORM dispatch._end_stale_runs(
         ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.schedule_id = NEW.id AND r.status = 'pending'),
-        wait => true);
+        wait => true, stopped => dispatch._stopped_as(OLD));
     RETURN NULL;
 END
 $$;
@@ -5511,7 +5495,7 @@ CREATE TRIGGER _200_end_pending AFTER UPDATE OF enabled, deleted_at, paused_at O
 -- Name: schedules _205_end_left_pending; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _205_end_left_pending AFTER UPDATE OF enabled, paused_at ON dispatch.schedules FOR EACH ROW WHEN ((((NOT old.enabled) OR (old.paused_at IS NOT NULL)) AND new.enabled AND (new.paused_at IS NULL) AND (new.deleted_at IS NULL))) EXECUTE FUNCTION dispatch._schedule_end_left_pending();
+CREATE TRIGGER _205_end_left_pending AFTER UPDATE OF enabled, paused_at ON dispatch.schedules FOR EACH ROW WHEN ((((NOT old.enabled) OR (old.paused_at IS NOT NULL)) AND new.enabled AND (new.paused_at IS NULL) AND (new.deleted_at IS NULL))) EXECUTE FUNCTION dispatch._schedule_end_pending();
 
 
 --
@@ -6053,13 +6037,6 @@ REVOKE ALL ON FUNCTION dispatch._schedule_audit() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION dispatch._schedule_before_write() FROM PUBLIC;
-
-
---
--- Name: FUNCTION _schedule_end_left_pending(); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._schedule_end_left_pending() FROM PUBLIC;
 
 
 --

@@ -224,7 +224,10 @@ $$;
 CREATE OR REPLACE TRIGGER _050_soft_delete BEFORE DELETE ON dispatch.schedules
     FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_soft_delete();
 
--- A schedule that stops (disabled, paused or deleted) invokes nothing it had pending.
+-- A schedule that stops (disabled, paused or deleted) invokes nothing it had pending. One that
+-- is live again (resumed, enabled) ends what it still has pending as its stop would have: a
+-- claim handed back (release_runs, which waits on no one) while the stop was committing came
+-- back to pending behind the stop's back, and must not go out now as a slot of before the stop.
 CREATE OR REPLACE FUNCTION dispatch._schedule_end_pending()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -233,10 +236,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- Waits for a claim in progress on one of them: a run claimed before this change commits
-    -- stays claimed (and is invoked); every other pending run ends here.
+    -- stays claimed (and is invoked); every other pending run ends here. (A schedule that stops
+    -- names its stop itself; OLD names the stop that a schedule live again leaves.)
     PERFORM dispatch._end_stale_runs(
         ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.schedule_id = NEW.id AND r.status = 'pending'),
-        wait => true);
+        wait => true, stopped => dispatch._stopped_as(OLD));
     RETURN NULL;
 END
 $$;
@@ -246,29 +250,11 @@ CREATE OR REPLACE TRIGGER _200_end_pending AFTER UPDATE OF enabled, deleted_at, 
     WHEN (NEW.next_run_at IS NULL AND OLD.next_run_at IS NOT NULL)
     EXECUTE FUNCTION dispatch._schedule_end_pending();
 
--- A schedule that is live again (resumed, enabled) ends what it still has pending as its stop
--- would have: a claim handed back (release_runs, which waits on no one) while the stop was
--- committing came back to pending behind the stop's back, and must not go out now as a slot of
--- before the stop. A claim in progress is waited for, as by the stop.
-CREATE OR REPLACE FUNCTION dispatch._schedule_end_left_pending()
-RETURNS trigger
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM dispatch._end_stale_runs(
-        ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.schedule_id = NEW.id AND r.status = 'pending'),
-        wait => true, stopped => dispatch._stopped_as(OLD));
-    RETURN NULL;
-END
-$$;
-
 CREATE OR REPLACE TRIGGER _205_end_left_pending AFTER UPDATE OF enabled, paused_at ON dispatch.schedules
     FOR EACH ROW
     WHEN ((NOT OLD.enabled OR OLD.paused_at IS NOT NULL) AND NEW.enabled AND NEW.paused_at IS NULL
           AND NEW.deleted_at IS NULL)
-    EXECUTE FUNCTION dispatch._schedule_end_left_pending();
+    EXECUTE FUNCTION dispatch._schedule_end_pending();
 
 -- A schedule that leaves overlap buffer_one while a run waits behind the open one: under allow
 -- the waiting run starts now; under skip it ends skipped, since it would overlap.

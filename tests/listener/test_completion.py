@@ -110,6 +110,17 @@ async def test_a_busy_outcome_is_not_retried_at_every_other_call(
                 within=5, what="the busy outcome recorded once the transaction is gone")
 
 
+async def _recorded_once(adb: psycopg.AsyncConnection[Any], sink: Sink, *, within: float) -> None:
+    """After the sweep (pg_cron's job, or another listener's), the one run finished ok on its
+    first attempt, and the function was called once for it."""
+    await adb.execute("SELECT dispatch.tick()")
+    await until(lambda: scalar(adb, "SELECT status <> 'running' FROM dispatch.runs"), within=within,
+                what="the run finished or its lease expired")
+    row = await (await adb.execute("SELECT status, attempt, earlier_attempts FROM dispatch.runs")).fetchone()
+    assert row == ("ok", 1, None), f"(status, attempt, earlier attempts): {row}"
+    assert len(sink.calls) == 1, f"the function was called {len(sink.calls)} times for one answered slot"
+
+
 async def _lock_schedules(dsn: str, function_name: str) -> psycopg.AsyncConnection[Any]:
     """A session that holds the schedules of `function_name` as a tick does while it marks their
     next slot (FOR NO KEY UPDATE), in a transaction left open."""
@@ -201,12 +212,7 @@ async def test_an_answered_run_outlives_its_lease_while_its_schedule_is_held(
                     within=10, interval=0.1, what="the end of the lease, and more")
     finally:
         await holding.close()
-    await adb.execute("SELECT dispatch.tick()")  # the sweep, as pg_cron's job or another listener
-    await until(lambda: scalar(adb, "SELECT status <> 'running' FROM dispatch.runs"), within=5,
-                what="the run finished or its lease expired")
-    row = await (await adb.execute("SELECT status, attempt, earlier_attempts FROM dispatch.runs")).fetchone()
-    assert row == ("ok", 1, None), f"(status, attempt, earlier attempts): {row}"
-    assert len(sink.calls) == 1, f"the function was called {len(sink.calls)} times for one answered slot"
+    await _recorded_once(adb, sink, within=5)
 
 
 async def test_a_busy_outcome_is_not_given_up_at_a_blip_that_resets_every_pooled_connection(
@@ -247,12 +253,7 @@ async def test_a_busy_outcome_is_not_given_up_at_a_blip_that_resets_every_pooled
         assert not seen("completion_abandoned"), "the outcome was abandoned at the blip"
     finally:
         await holding.close()
-    await adb.execute("SELECT dispatch.tick()")  # the sweep, as pg_cron's job or another listener
-    await until(lambda: scalar(adb, "SELECT status <> 'running' FROM dispatch.runs"), within=10,
-                what="the run finished or its lease expired")
-    row = await (await adb.execute("SELECT status, attempt, earlier_attempts FROM dispatch.runs")).fetchone()
-    assert row == ("ok", 1, None), f"(status, attempt, earlier attempts): {row}"
-    assert len(sink.calls) == 1, f"the function was called {len(sink.calls)} times for one answered slot"
+    await _recorded_once(adb, sink, within=10)
 
 
 async def test_a_busy_outcome_is_kept_for_want_of_the_database_while_its_renewed_lease_lasts(
@@ -298,9 +299,4 @@ async def test_a_busy_outcome_is_kept_for_want_of_the_database_while_its_renewed
         assert not seen("completion_abandoned"), "abandoned while its renewed lease held"
     finally:
         await holding.close()
-    await adb.execute("SELECT dispatch.tick()")  # the sweep, as pg_cron's job or another listener
-    await until(lambda: scalar(adb, "SELECT status <> 'running' FROM dispatch.runs"), within=10,
-                what="the run finished or its lease expired")
-    row = await (await adb.execute("SELECT status, attempt, earlier_attempts FROM dispatch.runs")).fetchone()
-    assert row == ("ok", 1, None), f"(status, attempt, earlier attempts): {row}"
-    assert len(sink.calls) == 1, f"the function was called {len(sink.calls)} times for one answered slot"
+    await _recorded_once(adb, sink, within=10)
