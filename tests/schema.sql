@@ -355,7 +355,7 @@ $$;
 -- Name: _breaker_outcomes(bigint[], bigint[], text[], boolean[], text[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._breaker_outcomes(run_ids bigint[], all_ids bigint[], statuses text[], retryable boolean[], errors text[]) RETURNS void
+CREATE FUNCTION dispatch._breaker_outcomes(run_ids bigint[], all_ids bigint[], statuses text[], retryable boolean[], errors text[]) RETURNS bigint[]
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_indexscan TO 'off'
@@ -367,16 +367,43 @@ DECLARE
     f record;
     counted dispatch.breakers;
     opened timestamptz;
+    held bigint[];
 BEGIN
-    IF run_ids IS NULL THEN
-        RETURN;
-    END IF;
     -- the common case: no failure in the batch and no breaker counting or open
-    IF NOT coalesce(true = ANY (retryable), false)
-       AND NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.failures > 0 OR b.state = 'open') THEN
-        RETURN;
+    IF run_ids IS NULL
+       OR (NOT coalesce(true = ANY (retryable), false)
+           AND NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.failures > 0 OR b.state = 'open')) THEN
+        RETURN run_ids;
     END IF;
     SELECT * INTO st FROM dispatch.settings;
+
+    WITH batch AS (  -- the batch's functions, and whether each failed retryably now
+        SELECT s.project_id, s.function_name,
+               bool_or(i.status = 'error' AND coalesce(i.retryable, false)) AS failed
+        FROM unnest(_breaker_outcomes.all_ids, _breaker_outcomes.statuses, _breaker_outcomes.retryable)
+             AS i(id, status, retryable)
+        JOIN dispatch.runs x ON x.id = i.id
+        JOIN dispatch.schedules s ON s.id = x.schedule_id
+        WHERE i.id = ANY (_breaker_outcomes.run_ids)
+        GROUP BY s.project_id, s.function_name
+    ), wanted AS (
+        SELECT b.project_id, b.function_name
+        FROM dispatch.breakers b
+        JOIN batch ON batch.project_id = b.project_id AND batch.function_name = b.function_name
+        WHERE batch.failed OR b.state = 'open' OR b.failures > 0
+    ), locked AS (
+        SELECT b.project_id, b.function_name
+        FROM dispatch.breakers b
+        WHERE (b.project_id, b.function_name) IN (SELECT w.project_id, w.function_name FROM wanted w)
+        ORDER BY b.project_id, b.function_name
+        FOR NO KEY UPDATE SKIP LOCKED
+    )
+    SELECT array_agg(x.id) INTO held
+    FROM dispatch.runs x
+    JOIN dispatch.schedules s ON s.id = x.schedule_id
+    WHERE x.id = ANY (_breaker_outcomes.run_ids)
+      AND (s.project_id, s.function_name) IN (SELECT w.project_id, w.function_name FROM wanted w)
+      AND (s.project_id, s.function_name) NOT IN (SELECT l.project_id, l.function_name FROM locked l);
 
     FOR f IN
         WITH o AS (
@@ -386,7 +413,7 @@ BEGIN
                         _breaker_outcomes.errors) AS i(id, status, retryable, error)
             JOIN dispatch.runs x ON x.id = i.id
             JOIN dispatch.schedules s ON s.id = x.schedule_id
-            WHERE i.id = ANY (_breaker_outcomes.run_ids)
+            WHERE i.id = ANY (_breaker_outcomes.run_ids) AND i.id <> ALL (coalesce(held, '{}'))
         )
         SELECT o.project_id, o.function_name, count(*) FILTER (WHERE o.failed)::integer AS failed,
                bool_or(NOT o.failed) AS answered, array_agg(o.id) AS ids,
@@ -461,6 +488,7 @@ BEGIN
             PERFORM pg_notify('dispatch', 'schedules');  -- listeners' clocks wake for the next probe
         END IF;
     END LOOP;
+    RETURN ARRAY(SELECT r FROM unnest(run_ids) r WHERE r <> ALL (coalesce(held, '{}')));
 END
 $$;
 
@@ -1719,57 +1747,6 @@ CREATE FUNCTION dispatch._instant(t timestamp with time zone) RETURNS text
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT CASE WHEN isfinite(t) THEN date_trunc('second', t)::text ELSE t::text END
-$$;
-
-
---
--- Name: _lock_breakers(bigint[], bigint[], text[], boolean[]); Type: FUNCTION; Schema: dispatch; Owner: -
---
-
-CREATE FUNCTION dispatch._lock_breakers(run_ids bigint[], all_ids bigint[], statuses text[], retryable boolean[]) RETURNS bigint[]
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    SET jit TO 'off'
-    AS $$
-DECLARE
-    held bigint[];
-BEGIN
-    IF run_ids IS NULL
-       OR (NOT coalesce(true = ANY (retryable), false)
-           AND NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.failures > 0 OR b.state = 'open')) THEN
-        RETURN run_ids;
-    END IF;
-    WITH f AS (
-        SELECT s.project_id, s.function_name,
-               bool_or(i.status = 'error' AND coalesce(i.retryable, false)) AS failed
-        FROM unnest(_lock_breakers.all_ids, _lock_breakers.statuses, _lock_breakers.retryable)
-             AS i(id, status, retryable)
-        JOIN dispatch.runs x ON x.id = i.id
-        JOIN dispatch.schedules s ON s.id = x.schedule_id
-        WHERE i.id = ANY (_lock_breakers.run_ids)
-        GROUP BY s.project_id, s.function_name
-    ), wanted AS (
-        SELECT b.project_id, b.function_name
-        FROM dispatch.breakers b JOIN f ON f.project_id = b.project_id AND f.function_name = b.function_name
-        WHERE f.failed OR b.state = 'open' OR b.failures > 0
-    ), locked AS (
-        SELECT b.project_id, b.function_name
-        FROM dispatch.breakers b
-        WHERE (b.project_id, b.function_name) IN (SELECT w.project_id, w.function_name FROM wanted w)
-        ORDER BY b.project_id, b.function_name
-        FOR NO KEY UPDATE SKIP LOCKED
-    )
-    SELECT array_agg(x.id) INTO held
-    FROM dispatch.runs x
-    JOIN dispatch.schedules s ON s.id = x.schedule_id
-    WHERE x.id = ANY (_lock_breakers.run_ids)
-      AND (s.project_id, s.function_name) IN (SELECT w.project_id, w.function_name FROM wanted w)
-      AND (s.project_id, s.function_name) NOT IN (SELECT l.project_id, l.function_name FROM locked l);
-    IF held IS NULL THEN
-        RETURN run_ids;
-    END IF;
-    RETURN ARRAY(SELECT r FROM unnest(run_ids) r WHERE r <> ALL (held));
-END
 $$;
 
 
@@ -3380,7 +3357,7 @@ DECLARE
     busy_lease constant interval := interval '5 seconds';
     taken bigint[];
     taken_at tid[];
-    breakers_free bigint[];
+    counted bigint[];
     held bigint[];
     retried_ids bigint[];
     retried_at timestamptz[];
@@ -3402,17 +3379,14 @@ BEGIN
     -- given, whatever worker names it; a late outcome from an expired lease never lands on its
     -- successor. Its row and its schedule's are taken without waiting (invariant 3).
     SELECT t.ids, t.tids INTO taken, taken_at FROM dispatch._take_running(complete_runs.run_ids, complete_runs.attempts) t;
-    -- and their functions' breakers, without waiting either: a run whose breaker another
-    -- transaction holds is busy
-    breakers_free := dispatch._lock_breakers(taken, complete_runs.run_ids, complete_runs.statuses,
-                                             complete_runs.retryable);
-    IF cardinality(breakers_free) IS DISTINCT FROM cardinality(taken) THEN
+    -- the breakers of their functions count the failures, close on an answer (39_breakers.sql),
+    -- without waiting either: a run whose breaker another transaction holds is left out, busy
+    counted := dispatch._breaker_outcomes(taken, complete_runs.run_ids, complete_runs.statuses,
+                                          complete_runs.retryable, complete_runs.errors);
+    IF cardinality(counted) IS DISTINCT FROM cardinality(taken) THEN
         SELECT array_agg(t.id), array_agg(t.at) INTO taken, taken_at
-        FROM unnest(taken, taken_at) AS t(id, at) WHERE t.id = ANY (breakers_free);
+        FROM unnest(taken, taken_at) AS t(id, at) WHERE t.id = ANY (counted);
     END IF;
-    -- the breakers of their functions count the failures, close on an answer (39_breakers.sql)
-    PERFORM dispatch._breaker_outcomes(taken, complete_runs.run_ids, complete_runs.statuses,
-                                       complete_runs.retryable, complete_runs.errors);
 
     IF coalesce(cardinality(taken), 0) < cardinality(complete_runs.run_ids) THEN
         -- Still the caller's but held by another transaction (a tick looking at the schedule's
@@ -5906,13 +5880,6 @@ REVOKE ALL ON FUNCTION dispatch._hold_for_breakers(run_ids bigint[]) FROM PUBLIC
 --
 
 REVOKE ALL ON FUNCTION dispatch._instant(t timestamp with time zone) FROM PUBLIC;
-
-
---
--- Name: FUNCTION _lock_breakers(run_ids bigint[], all_ids bigint[], statuses text[], retryable boolean[]); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._lock_breakers(run_ids bigint[], all_ids bigint[], statuses text[], retryable boolean[]) FROM PUBLIC;
 
 
 --

@@ -170,71 +170,30 @@ $$;
 -- JIT: the one-row settings table has nothing but a scan, which enable_seqscan = off prices at
 -- 10^10, and a plan that dear was JIT-compiled at each call (250 ms a claim).
 
--- complete_runs' runs whose outcomes may be counted on their functions' breakers now: those
--- whose breaker row this transaction locked (in key order, so that two completions never
--- deadlock) or that need none. A claim that hands out a probe holds the breaker's row until it
--- commits, in psql as long as it stays open, and neither counting a failure nor closing may wait
--- on it (invariant 3): the runs of such a function are left out, and complete_runs answers them
--- busy. Only the rows dispatch._breaker_outcomes will write are locked (a breaker that is open or
--- counts failures, or the function of a retryable failure in the batch): two completions of a
--- healthy function must not make each other busy. The arrays are complete_runs' own.
-CREATE OR REPLACE FUNCTION dispatch._lock_breakers(run_ids bigint[], all_ids bigint[], statuses text[],
-                                                   retryable boolean[])
-RETURNS bigint[]
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-SET jit = off  -- complete_runs' enable_seqscan = off prices the breakers' scan at 10^10
-AS $$
-DECLARE
-    held bigint[];
-BEGIN
-    IF run_ids IS NULL
-       OR (NOT coalesce(true = ANY (retryable), false)
-           AND NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.failures > 0 OR b.state = 'open')) THEN
-        RETURN run_ids;
-    END IF;
-    WITH f AS (
-        SELECT s.project_id, s.function_name,
-               bool_or(i.status = 'error' AND coalesce(i.retryable, false)) AS failed
-        FROM unnest(_lock_breakers.all_ids, _lock_breakers.statuses, _lock_breakers.retryable)
-             AS i(id, status, retryable)
-        JOIN dispatch.runs x ON x.id = i.id
-        JOIN dispatch.schedules s ON s.id = x.schedule_id
-        WHERE i.id = ANY (_lock_breakers.run_ids)
-        GROUP BY s.project_id, s.function_name
-    ), wanted AS (
-        SELECT b.project_id, b.function_name
-        FROM dispatch.breakers b JOIN f ON f.project_id = b.project_id AND f.function_name = b.function_name
-        WHERE f.failed OR b.state = 'open' OR b.failures > 0
-    ), locked AS (
-        SELECT b.project_id, b.function_name
-        FROM dispatch.breakers b
-        WHERE (b.project_id, b.function_name) IN (SELECT w.project_id, w.function_name FROM wanted w)
-        ORDER BY b.project_id, b.function_name
-        FOR NO KEY UPDATE SKIP LOCKED
-    )
-    SELECT array_agg(x.id) INTO held
-    FROM dispatch.runs x
-    JOIN dispatch.schedules s ON s.id = x.schedule_id
-    WHERE x.id = ANY (_lock_breakers.run_ids)
-      AND (s.project_id, s.function_name) IN (SELECT w.project_id, w.function_name FROM wanted w)
-      AND (s.project_id, s.function_name) NOT IN (SELECT l.project_id, l.function_name FROM locked l);
-    IF held IS NULL THEN
-        RETURN run_ids;
-    END IF;
-    RETURN ARRAY(SELECT r FROM unnest(run_ids) r WHERE r <> ALL (held));
-END
-$$;
-
 -- complete_runs' outcomes, for the breakers of their functions: runs_ids holds the runs taken
 -- (still running with the caller's attempt), the other arrays are complete_runs' own, parallel
 -- to all_ids. A retryable failure counts; any other outcome (ok, or an error that is final:
--- the function answered) closes the breaker. The breaker rows are locked in key order: two
--- completions of the same functions never deadlock.
+-- the function answered) closes the breaker. Returns run_ids less the runs it could not count:
+-- the rows it writes (a breaker that is open or counts failures, or the function of a retryable
+-- failure in the batch; not a healthy function's, so that two completions of one never make
+-- each other busy) are locked first, in key order (two completions never deadlock) and without
+-- waiting. A claim that hands out a probe holds the breaker's row until it commits, in psql as
+-- long as it stays open, and neither counting nor closing may wait on it (invariant 3): the runs
+-- of such a function are left out, and complete_runs answers them busy.
+-- (Its result was void before: an install over that version drops it.)
+DO $$
+DECLARE
+    fn regprocedure := pg_catalog.to_regprocedure(
+        'dispatch._breaker_outcomes(bigint[], bigint[], text[], boolean[], text[])');
+BEGIN
+    IF fn IS NOT NULL AND pg_catalog.pg_get_function_result(fn) = 'void' THEN
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', fn);
+    END IF;
+END
+$$;
 CREATE OR REPLACE FUNCTION dispatch._breaker_outcomes(run_ids bigint[], all_ids bigint[], statuses text[],
                                                       retryable boolean[], errors text[])
-RETURNS void
+RETURNS bigint[]
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -247,16 +206,43 @@ DECLARE
     f record;
     counted dispatch.breakers;
     opened timestamptz;
+    held bigint[];
 BEGIN
-    IF run_ids IS NULL THEN
-        RETURN;
-    END IF;
     -- the common case: no failure in the batch and no breaker counting or open
-    IF NOT coalesce(true = ANY (retryable), false)
-       AND NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.failures > 0 OR b.state = 'open') THEN
-        RETURN;
+    IF run_ids IS NULL
+       OR (NOT coalesce(true = ANY (retryable), false)
+           AND NOT EXISTS (SELECT 1 FROM dispatch.breakers b WHERE b.failures > 0 OR b.state = 'open')) THEN
+        RETURN run_ids;
     END IF;
     SELECT * INTO st FROM dispatch.settings;
+
+    WITH batch AS (  -- the batch's functions, and whether each failed retryably now
+        SELECT s.project_id, s.function_name,
+               bool_or(i.status = 'error' AND coalesce(i.retryable, false)) AS failed
+        FROM unnest(_breaker_outcomes.all_ids, _breaker_outcomes.statuses, _breaker_outcomes.retryable)
+             AS i(id, status, retryable)
+        JOIN dispatch.runs x ON x.id = i.id
+        JOIN dispatch.schedules s ON s.id = x.schedule_id
+        WHERE i.id = ANY (_breaker_outcomes.run_ids)
+        GROUP BY s.project_id, s.function_name
+    ), wanted AS (
+        SELECT b.project_id, b.function_name
+        FROM dispatch.breakers b
+        JOIN batch ON batch.project_id = b.project_id AND batch.function_name = b.function_name
+        WHERE batch.failed OR b.state = 'open' OR b.failures > 0
+    ), locked AS (
+        SELECT b.project_id, b.function_name
+        FROM dispatch.breakers b
+        WHERE (b.project_id, b.function_name) IN (SELECT w.project_id, w.function_name FROM wanted w)
+        ORDER BY b.project_id, b.function_name
+        FOR NO KEY UPDATE SKIP LOCKED
+    )
+    SELECT array_agg(x.id) INTO held
+    FROM dispatch.runs x
+    JOIN dispatch.schedules s ON s.id = x.schedule_id
+    WHERE x.id = ANY (_breaker_outcomes.run_ids)
+      AND (s.project_id, s.function_name) IN (SELECT w.project_id, w.function_name FROM wanted w)
+      AND (s.project_id, s.function_name) NOT IN (SELECT l.project_id, l.function_name FROM locked l);
 
     FOR f IN
         WITH o AS (
@@ -266,7 +252,7 @@ BEGIN
                         _breaker_outcomes.errors) AS i(id, status, retryable, error)
             JOIN dispatch.runs x ON x.id = i.id
             JOIN dispatch.schedules s ON s.id = x.schedule_id
-            WHERE i.id = ANY (_breaker_outcomes.run_ids)
+            WHERE i.id = ANY (_breaker_outcomes.run_ids) AND i.id <> ALL (coalesce(held, '{}'))
         )
         SELECT o.project_id, o.function_name, count(*) FILTER (WHERE o.failed)::integer AS failed,
                bool_or(NOT o.failed) AS answered, array_agg(o.id) AS ids,
@@ -341,6 +327,7 @@ BEGIN
             PERFORM pg_notify('dispatch', 'schedules');  -- listeners' clocks wake for the next probe
         END IF;
     END LOOP;
+    RETURN ARRAY(SELECT r FROM unnest(run_ids) r WHERE r <> ALL (coalesce(held, '{}')));
 END
 $$;
 

@@ -130,7 +130,7 @@ DECLARE
     busy_lease constant interval := interval '5 seconds';
     taken bigint[];
     taken_at tid[];
-    breakers_free bigint[];
+    counted bigint[];
     held bigint[];
     retried_ids bigint[];
     retried_at timestamptz[];
@@ -152,17 +152,14 @@ BEGIN
     -- given, whatever worker names it; a late outcome from an expired lease never lands on its
     -- successor. Its row and its schedule's are taken without waiting (invariant 3).
     SELECT t.ids, t.tids INTO taken, taken_at FROM dispatch._take_running(complete_runs.run_ids, complete_runs.attempts) t;
-    -- and their functions' breakers, without waiting either: a run whose breaker another
-    -- transaction holds is busy
-    breakers_free := dispatch._lock_breakers(taken, complete_runs.run_ids, complete_runs.statuses,
-                                             complete_runs.retryable);
-    IF cardinality(breakers_free) IS DISTINCT FROM cardinality(taken) THEN
+    -- the breakers of their functions count the failures, close on an answer (39_breakers.sql),
+    -- without waiting either: a run whose breaker another transaction holds is left out, busy
+    counted := dispatch._breaker_outcomes(taken, complete_runs.run_ids, complete_runs.statuses,
+                                          complete_runs.retryable, complete_runs.errors);
+    IF cardinality(counted) IS DISTINCT FROM cardinality(taken) THEN
         SELECT array_agg(t.id), array_agg(t.at) INTO taken, taken_at
-        FROM unnest(taken, taken_at) AS t(id, at) WHERE t.id = ANY (breakers_free);
+        FROM unnest(taken, taken_at) AS t(id, at) WHERE t.id = ANY (counted);
     END IF;
-    -- the breakers of their functions count the failures, close on an answer (39_breakers.sql)
-    PERFORM dispatch._breaker_outcomes(taken, complete_runs.run_ids, complete_runs.statuses,
-                                       complete_runs.retryable, complete_runs.errors);
 
     IF coalesce(cardinality(taken), 0) < cardinality(complete_runs.run_ids) THEN
         -- Still the caller's but held by another transaction (a tick looking at the schedule's
