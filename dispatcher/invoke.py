@@ -259,10 +259,7 @@ def storable_text(text: str) -> str:
     with surrogateescape, which an error message may quote. Neither can be encoded as UTF-8,
     and psycopg refuses the whole statement (a batch of outcomes) for it. NUL, which PostgreSQL
     text cannot hold, is dropped; a lone surrogate becomes U+FFFD."""
-    text = text.replace("\x00", "")
-    if _SURROGATE.search(text) is not None:
-        text = _SURROGATE.sub("\ufffd", text)
-    return text
+    return _SURROGATE.sub("\ufffd", text.replace("\x00", ""))
 
 
 def _failed(error: str, http_status: int | None, *, retryable: bool = False) -> Outcome:
