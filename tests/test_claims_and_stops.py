@@ -120,6 +120,18 @@ def failed_once(db: psycopg.Connection) -> tuple[str, tuple[Any, ...]]:
     return sid, run
 
 
+def lost_once(db: psycopg.Connection) -> tuple[str, tuple[Any, ...]]:
+    """A run whose first attempt's lease expired (claimed by w): pending again, to be retried."""
+    sid = add_schedule(db, YEARLY, max_attempts=3)
+    mark_yearly(db)
+    [run] = claim(db, "w", lease="1 second")
+    db.execute("UPDATE dispatch.runs SET lease_until = now() - interval '1 second',"
+               " claimed_at = now() - interval '2 seconds' WHERE id = %s", (run[0],))
+    db.execute("SELECT dispatch.tick()")
+    assert run_row(db, run[0])["status"] == "pending"
+    return sid, run
+
+
 def assert_ended_with_its_last_outcome(db: psycopg.Connection, run: tuple[Any, ...], reason: str,
                                        error: str) -> None:
     row = run_row(db, run[0])
@@ -169,13 +181,7 @@ def test_an_attempt_that_fails_after_the_stop_is_not_retried_either(
 
 def test_a_stop_after_a_lost_lease_still_ends_the_retry_lost(db: psycopg.Connection) -> None:
     """lost keeps its meaning: the last attempt may have run, its outcome unknown."""
-    sid = add_schedule(db, YEARLY, max_attempts=3)
-    mark_yearly(db)
-    [run] = claim(db, "w", lease="1 second")
-    db.execute("UPDATE dispatch.runs SET lease_until = now() - interval '1 second',"
-               " claimed_at = now() - interval '2 seconds' WHERE id = %s", (run[0],))
-    db.execute("SELECT dispatch.tick()")
-    assert run_row(db, run[0])["status"] == "pending"
+    sid, run = lost_once(db)
     db.execute("SELECT dispatch.pause(%s)", (sid,))
     row = run_row(db, run[0])
     assert (row["status"], row["error"]) == (
@@ -233,13 +239,7 @@ def test_a_run_whose_lease_expired_is_held_to_a_lowered_max_attempts_and_ends_lo
     """max_attempts counts lost leases as attempts: lowered to the attempts gone, no claim
     invokes the run again. It ends lost, as the expiry would have ended it: that attempt may
     have run."""
-    sid = add_schedule(db, YEARLY, max_attempts=3)
-    mark_yearly(db)
-    [run] = claim(db, "w", lease="1 second")
-    db.execute("UPDATE dispatch.runs SET lease_until = now() - interval '1 second',"
-               " claimed_at = now() - interval '2 seconds' WHERE id = %s", (run[0],))
-    db.execute("SELECT dispatch.tick()")
-    assert run_row(db, run[0])["status"] == "pending"
+    sid, run = lost_once(db)
     db.execute("UPDATE dispatch.schedules SET max_attempts = 1 WHERE id = %s", (sid,))
     assert claim(db, "w2") == []
     row = run_row(db, run[0])
@@ -253,13 +253,9 @@ def test_a_run_whose_lease_expired_is_delivered_again_even_after_the_next_slot(
         db: psycopg.Connection) -> None:
     """At least once: the next-slot limit is a retry's after a failed attempt. A run whose lease
     expired may never have reached the function; it goes out again, however late."""
-    add_schedule(db, YEARLY, max_attempts=3)
-    mark_yearly(db)
-    [run] = claim(db, "w", lease="1 second")
-    db.execute("UPDATE dispatch.runs SET lease_until = now() - interval '1 second',"
-               " claimed_at = now() - interval '2 seconds',"
-               " scheduled_for = scheduled_for - interval '2 years' WHERE id = %s", (run[0],))
-    db.execute("SELECT dispatch.tick()")
+    _, run = lost_once(db)
+    db.execute("UPDATE dispatch.runs SET scheduled_for = scheduled_for - interval '2 years' WHERE id = %s",
+               (run[0],))
     [again] = claim(db, "w2")
     assert (again[0], again[7]) == (run[0], 2)
 

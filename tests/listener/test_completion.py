@@ -110,6 +110,21 @@ async def test_a_busy_outcome_is_not_retried_at_every_other_call(
                 within=5, what="the busy outcome recorded once the transaction is gone")
 
 
+async def _held_run_invoked(db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, sink: Sink,
+                            start_listener: StartListener, proxy: Proxy) -> tuple[asyncio.Event, Any]:
+    """One run of the function "held", invoked by a listener whose pool goes through `proxy`
+    (LISTEN does not; timeout 1 s, lease 2.5 s): the event its answer waits for, and the lease
+    its claim got."""
+    go = asyncio.Event()
+    _held_until(sink, "held", go)
+    add_schedules(db, 1, function_name="held")
+    await start_listener(database_url=proxy.url(dsn), listen_database_url=dsn, concurrency=4,
+                         timeout_s=1.0, lease_s=2.5)
+    mark_all_due(db)
+    await until(lambda: len(sink.calls) == 1, what="the run invoked")
+    return go, await scalar(adb, "SELECT lease_until FROM dispatch.runs")
+
+
 async def _recorded_once(adb: psycopg.AsyncConnection[Any], sink: Sink, *, within: float) -> None:
     """After the sweep (pg_cron's job, or another listener's), the one run finished ok on its
     first attempt, and the function was called once for it."""
@@ -225,15 +240,8 @@ async def test_a_busy_outcome_is_not_given_up_at_a_blip_that_resets_every_pooled
     the retry its whole 5 s bound: psycopg_pool backs off 1 s, 2 s, ... between a connection
     that failed its check and the next, fresh ones included. A failed check costs a round trip."""
     caplog.set_level(logging.DEBUG, logger="dispatcher.completion")
-    go = asyncio.Event()
-    _held_until(sink, "held", go)
-    add_schedules(db, 1, function_name="held")
     proxy = proxies[0]
-    await start_listener(database_url=proxy.url(dsn), listen_database_url=dsn, concurrency=4,
-                         timeout_s=1.0, lease_s=2.5)
-    mark_all_due(db)
-    await until(lambda: len(sink.calls) == 1, what="the run invoked")
-    lease_until = await scalar(adb, "SELECT lease_until FROM dispatch.runs")
+    go, lease_until = await _held_run_invoked(db, adb, dsn, sink, start_listener, proxy)
 
     def seen(event: str, after: float = 0.0, **fields: Any) -> list[Any]:
         return [r for r in caplog.records if getattr(r, "event", None) == event and r.created > after
@@ -266,15 +274,8 @@ async def test_a_busy_outcome_is_kept_for_want_of_the_database_while_its_renewed
     called again for a slot it had answered. Here the schedule is held past the claim's lease,
     then the database takes no writes for a moment (as in a failover; 25006 is quick to come)."""
     caplog.set_level(logging.DEBUG, logger="dispatcher.completion")
-    go = asyncio.Event()
-    _held_until(sink, "held", go)
-    add_schedules(db, 1, function_name="held")
     proxy = proxies[0]
-    await start_listener(database_url=proxy.url(dsn), listen_database_url=dsn, concurrency=4,
-                         timeout_s=1.0, lease_s=2.5)
-    mark_all_due(db)
-    await until(lambda: len(sink.calls) == 1, what="the run invoked")
-    lease_until = await scalar(adb, "SELECT lease_until FROM dispatch.runs")
+    go, lease_until = await _held_run_invoked(db, adb, dsn, sink, start_listener, proxy)
 
     def seen(event: str, reason: str = "") -> list[Any]:
         return [r for r in caplog.records

@@ -260,6 +260,19 @@ async def test_endpoints_that_answer_garbage_or_nothing_are_recorded_as_errors(
     assert len(error) <= 500
 
 
+async def _finished_with_the_listener_up(db: psycopg.Connection, adb: psycopg.AsyncConnection[Any],
+                                         running: Running) -> list[tuple[Any, ...]]:
+    """Once every run finished, with the listener still running: (function, status, error) of
+    each, by function, then run."""
+    async def finished() -> bool:
+        return bool(await scalar(adb, "SELECT bool_and(finished_at IS NOT NULL) FROM dispatch.runs"))
+
+    await until(lambda: running.task.done() or finished(), what="every run finished")
+    assert not running.task.done(), f"the listener stopped: {running.task.exception()!r}"
+    return db.execute("SELECT s.function_name, r.status, r.error FROM dispatch.runs r"
+                      " JOIN dispatch.schedules s ON s.id = r.schedule_id ORDER BY 1, r.id").fetchall()
+
+
 async def test_error_text_that_is_not_utf8_is_recorded_with_the_rest_of_its_batch(
     db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink,
     start_listener: Callable[..., Awaitable[Running]], caplog: pytest.LogCaptureFixture,
@@ -289,13 +302,7 @@ async def test_error_text_that_is_not_utf8_is_recorded_with_the_rest_of_its_batc
     await until(lambda: len(sink.calls) == 6, what="every call in flight")
     go.set()  # answered together: written in one batch, or few
 
-    async def finished() -> bool:
-        return bool(await scalar(adb, "SELECT bool_and(finished_at IS NOT NULL) FROM dispatch.runs"))
-
-    await until(lambda: running.task.done() or finished(), what="every run finished")
-    assert not running.task.done(), f"the listener stopped: {running.task.exception()!r}"
-    rows = db.execute("SELECT s.function_name, r.status, r.error FROM dispatch.runs r"
-                      " JOIN dispatch.schedules s ON s.id = r.schedule_id ORDER BY 1, r.id").fetchall()
+    rows = await _finished_with_the_listener_up(db, adb, running)
     assert rows == [*[("fine", "ok", None)] * 4, ("lone-high", "error", "E: bad \ufffd"),
                     ("lone-low-ok-false", "error", "\ufffd end")]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
@@ -327,13 +334,7 @@ async def test_error_text_the_connection_cannot_encode_is_recorded_escaped_and_s
     await until(lambda: len(sink.calls) == 3, what="every call in flight")
     go.set()
 
-    async def finished() -> bool:
-        return bool(await scalar(adb, "SELECT bool_and(finished_at IS NOT NULL) FROM dispatch.runs"))
-
-    await until(lambda: running.task.done() or finished(), what="every run finished")
-    assert not running.task.done(), f"the listener stopped: {running.task.exception()!r}"
-    rows = db.execute("SELECT s.function_name, r.status, r.error FROM dispatch.runs r"
-                      " JOIN dispatch.schedules s ON s.id = r.schedule_id ORDER BY 1, r.id").fetchall()
+    rows = await _finished_with_the_listener_up(db, adb, running)
     assert rows == [("euro", "error", "E: costs 5 \\u20ac"), ("fine", "ok", None), ("fine", "ok", None)]
     errors = [(r.levelno, getattr(r, "event", None)) for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [(logging.ERROR, "completion_text_escaped")]
