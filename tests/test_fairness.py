@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 
-from tests.runs_kit import claim, expire, make_due, release, scalar
+from tests.runs_kit import YEARLY, claim, expire, make_due, release, scalar
 
 Connect = Callable[..., psycopg.Connection]
 
@@ -114,3 +115,75 @@ def test_a_chunk_marks_every_projects_first_due_schedules_first(db: psycopg.Conn
     assert by_project == {"a": 30, **{p: 1 for p in "bcdefghijk"}}
     # the rest as before, all of it
     assert scalar(db, "SELECT dispatch.tick()") == 270
+
+
+def claim_cursor_at(db: psycopg.Connection, project: str) -> None:
+    """Leave the session's claim cursor on `project`, as a claim of its only run does."""
+    add_many(db, project, 1, YEARLY)
+    db.execute("SELECT dispatch.tick(now() + interval '1 year')")
+    assert projects_of(claim(db, "w", 1)) == {project: 1}
+    assert scalar(db, "SELECT current_setting('dispatch.claim_cursor')") == project
+
+
+def test_a_claim_from_a_cursor_on_a_drained_project_lists_each_project_once(db: psycopg.Connection) -> None:
+    claim_cursor_at(db, "m")
+    add_many(db, "a", 50)
+    add_many(db, "z", 50)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    assert projects_of(claim(db, "w", 10)) == {"a": 5, "z": 5}
+
+
+def test_one_claim_never_takes_a_project_beyond_its_cap(db: psycopg.Connection) -> None:
+    claim_cursor_at(db, "m")
+    add_many(db, "z", 50)
+    add_many(db, "a", 1)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    db.execute("INSERT INTO dispatch.projects (project_id, max_concurrency) VALUES ('z', 4)")
+    assert projects_of(claim(db, "w", 10)) == {"a": 1, "z": 4}
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE project_id = 'z' AND status = 'running'") == 4
+
+
+def test_a_heavy_project_does_not_hold_light_ones_behind_its_burst(db: psycopg.Connection) -> None:
+    add_many(db, "zeta", 600)
+    for n in range(1, 11):
+        add_many(db, f"p{n:02}", 100 if n <= 6 else 1)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    db.execute("INSERT INTO dispatch.projects (project_id, weight) VALUES ('zeta', 100)")
+    # total weight 110, 64 a claim: every project is served within ceil(110 / 64) + 1 claims
+    served: Counter[str] = Counter()
+    for _ in range(3):
+        served.update(projects_of(claim(db, "w", 64)))
+    assert all(served[f"p{n:02}"] for n in range(1, 11)), served
+    assert 3 * 58 <= served["zeta"] <= 3 * 59
+
+
+def test_a_capped_project_at_its_cap_leaves_its_place_in_a_claim_to_others(db: psycopg.Connection) -> None:
+    for p in "abc":
+        add_many(db, p, 5)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    db.execute("INSERT INTO dispatch.projects (project_id, max_concurrency) VALUES ('a', 1)")
+    assert projects_of(claim(db, "w", 1)) == {"a": 1}
+    # from the start again, a first: at its cap, it leaves its place to c
+    db.execute("SELECT set_config('dispatch.claim_cursor', '', false)")
+    assert projects_of(claim(db, "w", 2)) == {"b": 1, "c": 1}
+
+
+@pytest.mark.parametrize("others", ["idle", "deleted"])
+def test_a_chunk_marks_a_small_project_whatever_other_projects_exist(db: psycopg.Connection,
+                                                                      others: str) -> None:
+    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
+               " SELECT 'idle-' || lpad(i::text, 4, '0'), 'fn', %s FROM generate_series(1, 2000) i",
+               (YEARLY,))
+    if others == "deleted":
+        db.execute("UPDATE dispatch.schedules SET deleted_at = now()")
+    add_many(db, "m-big", 3000)
+    add_many(db, "z-small", 1)
+    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now() - interval '1 second')"
+               " WHERE project_id IN ('m-big', 'z-small')")
+    marked, _ = db.execute("SELECT marked, taken FROM dispatch.tick_chunk(2000)").fetchone()  # type: ignore[misc]
+    assert marked == 2000
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE project_id = 'z-small'") == 1

@@ -289,8 +289,8 @@ $$;
 -- evenly between the projects with due schedules (at least one each, for at most half the chunk's
 -- worth of projects, first by project_id); NULL when one project alone is due (nobody to be fair
 -- to) or the chunk takes everything due. The projects are found by a loose index scan of
--- schedules_project_next_run_at_idx, one project a step, at most max_runs steps: its cost follows
--- the number of projects, not of schedules. The caller decides under the lock, as for the rest of
+-- schedules_project_next_run_at_idx, one project a step, due or not, until it has enough: its cost
+-- follows the number of projects, not of schedules. The caller decides under the lock, as for the rest of
 -- the chunk; a head that turns out not to be plain is left to the run policies like any other.
 CREATE OR REPLACE FUNCTION dispatch._due_heads(horizon timestamptz, max_runs integer)
 RETURNS uuid[]
@@ -311,31 +311,27 @@ BEGIN
                               LIMIT max_runs + 1) c) <= max_runs THEN
         RETURN NULL;
     END IF;
-    WITH RECURSIVE walk(project_id, step) AS (
-        SELECT (SELECT s.project_id FROM dispatch.schedules s ORDER BY s.project_id LIMIT 1), 1
+    -- Each step: the next project's first entry (its earliest next_run_at; a stopped or deleted
+    -- schedule's NULL sorts last), one descent whether it is due or not.
+    WITH RECURSIVE walk(project_id, next_run_at, id) AS (
+        (SELECT s.project_id, s.next_run_at, s.id FROM dispatch.schedules s
+         ORDER BY s.project_id, s.next_run_at LIMIT 1)
         UNION ALL
-        SELECT (SELECT s.project_id FROM dispatch.schedules s
-                WHERE s.project_id > w.project_id
-                ORDER BY s.project_id LIMIT 1), w.step + 1
+        SELECT nx.project_id, nx.next_run_at, nx.id
         FROM walk w
-        WHERE w.project_id IS NOT NULL AND w.step < max_runs
+        CROSS JOIN LATERAL (SELECT s.project_id, s.next_run_at, s.id FROM dispatch.schedules s
+                            WHERE s.project_id > w.project_id
+                            ORDER BY s.project_id, s.next_run_at LIMIT 1) nx
     )
     SELECT array_agg(d.project_id) INTO projects
     FROM (SELECT w.project_id FROM walk w
-          WHERE w.project_id IS NOT NULL
-            -- Its first due schedule in schedules_project_next_run_at_idx, not yet marked: one
-            -- probe (a scalar subquery: never a scan of everything due hashed against the
-            -- projects; the row comparison: see below). A project whose first due schedules a
-            -- chunk marked already is left to the rest of the chunk: heads for it would walk past
-            -- every schedule marked before (its marked ones are the first of its range: marking
-            -- leaves a schedule's row where it is), and it has had its turn.
-            AND (SELECT NOT EXISTS (SELECT 1 FROM dispatch.runs x
-                                    WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at)
-                 FROM dispatch.schedules s
-                 WHERE s.project_id = w.project_id
-                   AND (s.project_id, s.next_run_at) <= (w.project_id, horizon)
-                 ORDER BY s.project_id, s.next_run_at
-                 LIMIT 1)
+          WHERE w.next_run_at <= horizon
+            -- A project whose first due schedules a chunk marked already is left to the rest of
+            -- the chunk: heads for it would walk past every schedule marked before (its marked
+            -- ones are the first of its range: marking leaves a schedule's row where it is), and
+            -- it has had its turn.
+            AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
+                            WHERE x.schedule_id = w.id AND x.scheduled_for = w.next_run_at)
           LIMIT greatest(max_runs / 2, 1)) d;
     IF coalesce(cardinality(projects), 0) < 2 THEN
         RETURN NULL;

@@ -69,11 +69,11 @@ BEGIN
 END
 $$;
 
--- The projects with runs to claim (pending, not_before NULL or over), in project_id order from
--- the first one after `after`, wrapping around to it: at most n. A loose index scan of the two
+-- The projects with runs to claim now (pending, not_before NULL or over) after `after` and up to
+-- `upto` (NULL: no bound), in project_id order, at most n. A loose index scan of the two
 -- per-project queues (runs_project_pending_idx, runs_project_not_before_idx): two index descents
 -- a project, however many runs each has.
-CREATE OR REPLACE FUNCTION dispatch._claimable_projects(after text, n integer)
+CREATE OR REPLACE FUNCTION dispatch._claimable_between(after text, upto text, n integer)
 RETURNS text[]
 -- PL/pgSQL for its cached plan (a SQL function with a SET clause is planned on every call)
 LANGUAGE plpgsql
@@ -82,18 +82,15 @@ SET search_path = pg_catalog, pg_temp
 -- Each step is the first entry after a project in a per-project index, whatever the statistics
 -- say: taken right after a chunk was marked, they say no run is pending, and a plan made on them
 -- sorted every pending run by project at each step (25 ms a step after 42,000 were marked).
--- Only the per-project indexes give project_id order without a sort.
 SET enable_sort = off
 -- (what a disabled sort adds to a plan's cost would otherwise have it compiled: 0.3 s a claim)
 SET jit = off
 AS $$
 BEGIN
-    RETURN (WITH RECURSIVE walk(project_id, step, lap) AS (
-        SELECT coalesce(after, ''), 0, 1
+    RETURN (WITH RECURSIVE walk(project_id, step) AS (
+        SELECT after, 0
         UNION ALL
-        SELECT coalesce(nx.project_id, CASE WHEN w.lap = 1 AND coalesce(after, '') <> '' THEN '' END),
-               w.step + CASE WHEN nx.project_id IS NULL THEN 0 ELSE 1 END,
-               w.lap + CASE WHEN nx.project_id IS NULL THEN 1 ELSE 0 END
+        SELECT nx.project_id, w.step + 1
         FROM walk w
         CROSS JOIN LATERAL (
             SELECT least((SELECT r.project_id FROM dispatch.runs r
@@ -105,48 +102,104 @@ BEGIN
                           ORDER BY r.project_id LIMIT 1)) AS project_id
             OFFSET 0  -- once a step, not once for each place that reads it
         ) nx
-        WHERE w.project_id IS NOT NULL AND w.step < n
-          -- the second lap ends where the first began
-          AND NOT (w.lap = 2 AND w.step > 0 AND w.project_id >= coalesce(after, ''))
+        WHERE w.step < n AND nx.project_id <= coalesce(upto, nx.project_id)
     )
-    SELECT array_agg(w.project_id ORDER BY w.step)
-    FROM (SELECT DISTINCT ON (step) project_id, step FROM walk
-          WHERE step > 0 AND project_id IS NOT NULL AND project_id <> ''
-          ORDER BY step, lap) w
-    WHERE w.step <= n);
+    SELECT array_agg(w.project_id ORDER BY w.step) FROM walk w WHERE w.step > 0);
+END
+$$;
+COMMENT ON FUNCTION dispatch._claimable_between(text, text, integer) IS
+    'The projects with runs a claim may take now (pending, not_before NULL or over) after "after" and up to "upto" (NULL: no bound), at most n, in project_id order (a loose index scan: two index descents a project).';
+
+-- Round-robin: the claimable projects after `after`, then from the first up to `after` itself,
+-- each once; at most n.
+CREATE OR REPLACE FUNCTION dispatch._claimable_projects(after text, n integer)
+RETURNS text[]
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    tail text[] := dispatch._claimable_between(coalesce(after, ''), NULL, n);
+BEGIN
+    IF coalesce(after, '') = '' OR coalesce(cardinality(tail), 0) >= n THEN
+        RETURN tail;
+    END IF;
+    RETURN tail || dispatch._claimable_between('', after, n - coalesce(cardinality(tail), 0));
 END
 $$;
 COMMENT ON FUNCTION dispatch._claimable_projects(text, integer) IS
-    'The projects with runs a claim may take now (pending, not_before NULL or over), at most n, in project_id order starting after "after" and wrapping around (a loose index scan: two index descents a project).';
+    'The projects with runs a claim may take now, at most n, each once: in project_id order from the first after "after", wrapping around to "after" itself.';
 
--- How many runs a claim takes of each project this pass: `need` shared by weight among the
--- eligible projects (floor of the weighted share, the remainder one each in their order), each
--- at most its allowance. Pure arithmetic.
-CREATE OR REPLACE FUNCTION dispatch._claim_quotas(need integer, weights integer[], allow integer[],
-                                                  eligible boolean[])
-RETURNS integer[]
+-- How many runs of each project a claim should hold in all (its target): n shared by weight,
+-- water-filled (a project allowed fewer than its share takes its allowance, and the others share
+-- the rest again), each share rounded down and the remainder handed out one run each: first to
+-- projects that already hold more than their share rounded down (an earlier pass of the same
+-- claim gave them their extra run), then in the order given. `last_extra`: the position of the
+-- last project given an extra run in that order (NULL: none). Pure arithmetic.
+DROP FUNCTION IF EXISTS dispatch._claim_quotas(integer, integer[], integer[], boolean[]);
+CREATE OR REPLACE FUNCTION dispatch._claim_shares(n integer, weights integer[], allow integer[], taken integer[],
+                                                  OUT targets integer[], OUT last_extra integer)
 LANGUAGE plpgsql
 IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    k integer := cardinality(weights);
+    fixed boolean[] := array_fill(false, ARRAY[k]);
+    rest bigint := n;
+    total bigint;
+    extra bigint;
+    changed boolean := true;
+    i integer;
 BEGIN
-    RETURN (WITH p AS (
-        SELECT x.n, x.w, x.a, x.e FROM unnest(weights, allow, eligible) WITH ORDINALITY AS x(w, a, e, n)
-    ), t AS (
-        SELECT sum(p.w) AS total FROM p WHERE p.e AND p.a > 0
-    ), b AS (
-        SELECT p.n, p.a, p.e AND p.a > 0 AS e,
-               CASE WHEN p.e AND p.a > 0 THEN floor(need::numeric * p.w / t.total)::integer ELSE 0 END AS base,
-               count(*) FILTER (WHERE p.e AND p.a > 0) OVER (ORDER BY p.n) AS pos
-        FROM p CROSS JOIN t
-    )
-    SELECT array_agg(least(b.a, b.base + CASE WHEN b.e AND b.pos <= need - (SELECT sum(base) FROM b) THEN 1 ELSE 0 END)
-                     ORDER BY b.n)
-    FROM b);
+    targets := array_fill(0, ARRAY[k]);
+    WHILE changed LOOP
+        changed := false;
+        total := 0;
+        FOR i IN 1..k LOOP
+            IF NOT fixed[i] THEN total := total + weights[i]; END IF;
+        END LOOP;
+        EXIT WHEN total = 0;
+        -- (the rest only grows for the others as a project is fixed: a stale total errs low)
+        FOR i IN 1..k LOOP
+            IF NOT fixed[i] AND allow[i]::bigint * total < rest * weights[i] THEN
+                fixed[i] := true;
+                targets[i] := allow[i];
+                rest := rest - allow[i];
+                changed := true;
+            END IF;
+        END LOOP;
+    END LOOP;
+    IF total = 0 THEN
+        RETURN;
+    END IF;
+    extra := rest;
+    FOR i IN 1..k LOOP
+        IF NOT fixed[i] THEN
+            targets[i] := rest * weights[i] / total;
+            extra := extra - targets[i];
+        END IF;
+    END LOOP;
+    FOR i IN 1..k LOOP
+        EXIT WHEN extra = 0;
+        IF NOT fixed[i] AND taken[i] > targets[i] THEN
+            targets[i] := targets[i] + 1;
+            fixed[i] := true;
+            extra := extra - 1;
+        END IF;
+    END LOOP;
+    FOR i IN 1..k LOOP
+        EXIT WHEN extra = 0;
+        IF NOT fixed[i] AND targets[i] < allow[i] THEN
+            targets[i] := targets[i] + 1;
+            extra := extra - 1;
+            last_extra := i;
+        END IF;
+    END LOOP;
 END
 $$;
-COMMENT ON FUNCTION dispatch._claim_quotas(integer, integer[], integer[], boolean[]) IS
-    'Arithmetic of dispatch.claim_runs: need split by weight among the eligible projects with allowance left (floor of each share, the remainder one each in order), each capped by its allowance.';
+COMMENT ON FUNCTION dispatch._claim_shares(integer, integer[], integer[], integer[]) IS
+    'Arithmetic of dispatch.claim_runs: how many runs of each project a claim of n should hold, by weight, water-filled (a project allowed fewer than its share takes its allowance), each share rounded down and the remainder one run each (first to projects whose taken already exceeds their share rounded down, then in order; last_extra: the position of the last of those in order).';
 
 -- What a claim does with a pending run it locked: 'live', it starts; 'stale', it ends skipped
 -- (its schedule stopped, or its first attempt can no longer start within misfire_grace);
@@ -217,12 +270,17 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
+    cursor_at text := nullif(current_setting('dispatch.claim_cursor', true), '');
+    want integer := claim_runs.max_runs;
+    listed integer;
     projects text[];
     capped text[];
     held text[];
     weights integer[];
     allow integer[];
-    eligible boolean[];
+    was_allowed integer[];
+    taken integer[];
+    shares record;
     quotas integer[];
     first_ids bigint[];
     first_of integer[];
@@ -236,11 +294,9 @@ DECLARE
     live_ids bigint[];
     late_ids bigint[];
     stale_ids bigint[];
-    taken integer := 0;
-    got integer;
+    need integer;
+    i integer;
     started integer;
-    pass integer;
-    served integer;
     last_served integer;
     ended boolean := false;
 BEGIN
@@ -273,59 +329,88 @@ BEGIN
     -- then sees what that transaction committed, as one statement claiming with FOR UPDATE did.
     LOCK TABLE dispatch.runs IN ROW SHARE MODE;
 
-    -- Fair between projects. The projects with runs to claim, round-robin: from the one after
-    -- the last this session served (a session setting: no shared row, nothing to contend on),
-    -- at most max_runs of them.
-    projects := dispatch._claimable_projects(nullif(current_setting('dispatch.claim_cursor', true), ''),
-                                             claim_runs.max_runs);
-    IF projects IS NULL THEN
-        RETURN;
-    END IF;
-
-    -- max_concurrency: a capped project's row is locked (SKIP LOCKED) while its runs are counted
-    -- and claimed, so claimers take turns on it without waiting; one that another claimer holds
-    -- is left out of this claim. The count is read after the lock, by a later statement (READ
-    -- COMMITTED: a snapshot that sees the runs the previous holder claimed).
-    SELECT array_agg(p.project_id) INTO capped
-    FROM dispatch.projects p WHERE p.project_id = ANY (projects) AND p.max_concurrency IS NOT NULL;
-    IF capped IS NOT NULL THEN
+    -- Fair between projects. The projects with runs to claim, round-robin from the one after
+    -- where this session's last claim stopped (a session setting: no shared row, nothing to
+    -- contend on), at most max_runs of them that may run more now. A capped project's row is
+    -- locked (SKIP LOCKED) while its running runs are counted and its runs claimed, so claimers
+    -- take turns on it without waiting; one that another claimer holds, or that is at its cap,
+    -- leaves its place to the next project. The count is read after the lock, by a later
+    -- statement (READ COMMITTED: a snapshot that sees the runs the previous holder claimed).
+    LOOP
+        projects := dispatch._claimable_projects(cursor_at, want);
+        IF projects IS NULL THEN
+            RETURN;
+        END IF;
+        listed := cardinality(projects);
+        SELECT array_agg(p.project_id) INTO capped
+        FROM dispatch.projects p WHERE p.project_id = ANY (projects) AND p.max_concurrency IS NOT NULL;
+        IF capped IS NULL THEN
+            IF listed = 1 THEN  -- one project, uncapped: its weight is moot
+                weights := ARRAY[1];
+                allow := ARRAY[claim_runs.max_runs];
+            ELSE
+                SELECT array_agg(coalesce(pr.weight, 1) ORDER BY u.n), array_agg(claim_runs.max_runs)
+                INTO weights, allow
+                FROM unnest(projects) WITH ORDINALITY AS u(project_id, n)
+                LEFT JOIN dispatch.projects pr ON pr.project_id = u.project_id;
+            END IF;
+            EXIT;
+        END IF;
         PERFORM dispatch._require_read_committed('dispatch.claim_runs for a project with max_concurrency');
         SELECT array_agg(l.project_id) INTO held
         FROM (SELECT p.project_id FROM dispatch.projects p WHERE p.project_id = ANY (capped)
               ORDER BY p.project_id FOR NO KEY UPDATE SKIP LOCKED) l;
-    END IF;
-    -- each project's weight, and how many of its runs this claim may take (allowance)
-    IF cardinality(projects) = 1 AND capped IS NULL THEN  -- one project, uncapped: its weight is moot
-        weights := ARRAY[1];
-        allow := ARRAY[claim_runs.max_runs];
-        eligible := ARRAY[true];
-    ELSE
-    SELECT array_agg(coalesce(pr.weight, 1) ORDER BY u.n),
-           array_agg(CASE WHEN pr.max_concurrency IS NULL THEN claim_runs.max_runs
+        SELECT array_agg(x.project_id ORDER BY x.n) FILTER (WHERE x.a > 0),
+               array_agg(x.w ORDER BY x.n) FILTER (WHERE x.a > 0),
+               array_agg(x.a ORDER BY x.n) FILTER (WHERE x.a > 0)
+        INTO projects, weights, allow
+        FROM (SELECT u.project_id, u.n, coalesce(pr.weight, 1) AS w,
+                     CASE WHEN pr.max_concurrency IS NULL THEN claim_runs.max_runs
                           WHEN u.project_id = ANY (held)
                           THEN least(claim_runs.max_runs,
                                      greatest(pr.max_concurrency
                                               - (SELECT count(*) FROM dispatch.runs x  -- runs_running_lease_idx
                                                  WHERE x.status = 'running' AND x.project_id = u.project_id), 0))
-                          ELSE 0 END ORDER BY u.n),
-           array_agg(true)
-    INTO weights, allow, eligible
-    FROM unnest(projects) WITH ORDINALITY AS u(project_id, n)
-    LEFT JOIN dispatch.projects pr ON pr.project_id = u.project_id;
+                          ELSE 0 END AS a
+              FROM unnest(projects) WITH ORDINALITY AS u(project_id, n)
+              LEFT JOIN dispatch.projects pr ON pr.project_id = u.project_id) x;
+        -- enough projects that may run more, or every claimable project seen
+        EXIT WHEN coalesce(cardinality(projects), 0) >= claim_runs.max_runs OR listed < want;
+        want := want * 2;
+    END LOOP;
+    IF projects IS NULL THEN
+        RETURN;
     END IF;
+    projects := projects[1:claim_runs.max_runs];
+    weights := weights[1:claim_runs.max_runs];
+    allow := allow[1:claim_runs.max_runs];
+    taken := array_fill(0, ARRAY[cardinality(projects)]);
 
-    -- Each pass shares what is still wanted between the projects by weight
-    -- (dispatch._claim_quotas) and locks each project's first runs up to its quota, runs whose
-    -- not_before is over first (retries, slots that waited for their jittered instant), then
-    -- runs in slot order, each from the project's own index; a run another claim holds is
-    -- skipped (concurrent claims never get the same run, nothing waits). The runs are started
-    -- (or ended) before the next pass, which tops the batch up from the projects that filled
-    -- their quota: one project alone still gets full batches.
-    FOR pass IN 1..3 LOOP
+    -- Each pass computes how many runs each project should hold in all (dispatch._claim_shares)
+    -- and locks each project's next runs up to that, runs whose not_before is over first
+    -- (retries, slots that waited for their jittered instant), then runs in slot order, each from
+    -- the project's own index; a run another claim holds is skipped (concurrent claims never get
+    -- the same run, nothing waits). A project that had fewer runs to give than asked is held to
+    -- what it gave, and the next pass shares the rest among the others: one project alone still
+    -- gets full batches.
+    LOOP
+        need := claim_runs.max_runs - (SELECT sum(t) FROM unnest(taken) t);
+        EXIT WHEN need <= 0;
         IF cardinality(projects) = 1 THEN  -- one project: no arithmetic to share
-            quotas := ARRAY[CASE WHEN eligible[1] THEN least(allow[1], claim_runs.max_runs - taken) ELSE 0 END];
+            quotas := ARRAY[least(allow[1] - taken[1], need)];
         ELSE
-            quotas := dispatch._claim_quotas(claim_runs.max_runs - taken, weights, allow, eligible);
+            shares := dispatch._claim_shares(claim_runs.max_runs, weights, allow, taken);
+            IF last_served IS NULL THEN
+                -- the next claim starts after the last project that got an extra run (the
+                -- remainder of the shares): those after it come first then
+                last_served := coalesce(shares.last_extra, cardinality(projects));
+            END IF;
+            -- what is still wanted of each, at most `need` in all, in order
+            quotas := array_fill(0, ARRAY[cardinality(projects)]);
+            FOR i IN 1..cardinality(projects) LOOP
+                quotas[i] := least(greatest(shares.targets[i] - taken[i], 0), need);
+                need := need - quotas[i];
+            END LOOP;
         END IF;
         EXIT WHEN (SELECT coalesce(sum(q), 0) FROM unnest(quotas) q) = 0;
 
@@ -354,62 +439,59 @@ BEGIN
             FOR UPDATE SKIP LOCKED) x
         JOIN dispatch.schedules s ON s.id = (x.r).schedule_id
         WHERE u.quota > coalesce(cardinality(array_positions(first_of, u.n::integer)), 0);
-        EXIT WHEN first_ids IS NULL AND slot_ids IS NULL;
+        -- a pass that found nothing goes on to share what the projects that had nothing left
+        -- could not give among the others
+        IF first_ids IS NOT NULL OR slot_ids IS NOT NULL THEN
+            -- Some runs are not handed out (dispatch._claim_verdict): late ones end error, stale ones
+            -- end skipped. The transaction that stopped a schedule ended every run it could see;
+            -- this ends those that became pending behind its back (a release racing it).
+            SELECT array_agg(c.id) FILTER (WHERE c.verdict = 'live'), array_agg(c.id) FILTER (WHERE c.verdict = 'late'),
+                   array_agg(c.id) FILTER (WHERE c.verdict = 'stale')
+            INTO live_ids, late_ids, stale_ids
+            FROM unnest(first_ids || slot_ids, first_verdicts || slot_verdicts) AS c(id, verdict);
 
-        -- Some runs are not handed out (dispatch._claim_verdict): late ones end error, stale ones
-        -- end skipped. The transaction that stopped a schedule ended every run it could see;
-        -- this ends those that became pending behind its back (a release racing it).
-        SELECT array_agg(c.id) FILTER (WHERE c.verdict = 'live'), array_agg(c.id) FILTER (WHERE c.verdict = 'late'),
-               array_agg(c.id) FILTER (WHERE c.verdict = 'stale')
-        INTO live_ids, late_ids, stale_ids
-        FROM unnest(first_ids || slot_ids, first_verdicts || slot_verdicts) AS c(id, verdict);
-
-        IF late_ids IS NOT NULL OR stale_ids IS NOT NULL THEN
-            PERFORM dispatch._end_late_retries(late_ids);
-            PERFORM dispatch._end_stale_runs(stale_ids, wait => false);
-            ended := true;
-        END IF;
-        -- runs of a function whose breaker is open wait, but for its probe (39_breakers.sql)
-        live_ids := dispatch._hold_for_breakers(live_ids);
-        IF live_ids IS NOT NULL AND live_ids <> '{}' THEN
-            -- started where the pick found them: locked since, and moved by nothing above
-            SELECT array_agg(c.tid) INTO live_tids
-            FROM unnest(first_ids || slot_ids, first_tids || slot_tids) AS c(id, tid)
-            WHERE c.id = ANY (live_ids);
-            RETURN QUERY SELECT * FROM dispatch._start_runs(live_tids, claim_runs.worker, claim_runs.lease,
-                                                            claim_runs.default_timeout);
-            GET DIAGNOSTICS started = ROW_COUNT;
-            IF started < cardinality(live_tids) THEN
-                -- A stop that committed after the pick's snapshot: _start_runs, which reads the
-                -- schedules afresh, left those runs pending; they end like any stale run.
-                PERFORM dispatch._end_stale_runs(
-                    ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.id = ANY (live_ids) AND r.status = 'pending'),
-                    wait => false);
+            IF late_ids IS NOT NULL OR stale_ids IS NOT NULL THEN
+                PERFORM dispatch._end_late_retries(late_ids);
+                PERFORM dispatch._end_stale_runs(stale_ids, wait => false);
                 ended := true;
+            END IF;
+            -- runs of a function whose breaker is open wait, but for its probe (39_breakers.sql)
+            live_ids := dispatch._hold_for_breakers(live_ids);
+            IF live_ids IS NOT NULL AND live_ids <> '{}' THEN
+                -- started where the pick found them: locked since, and moved by nothing above
+                SELECT array_agg(c.tid) INTO live_tids
+                FROM unnest(first_ids || slot_ids, first_tids || slot_tids) AS c(id, tid)
+                WHERE c.id = ANY (live_ids);
+                RETURN QUERY SELECT * FROM dispatch._start_runs(live_tids, claim_runs.worker, claim_runs.lease,
+                                                                claim_runs.default_timeout);
+                GET DIAGNOSTICS started = ROW_COUNT;
+                IF started < cardinality(live_tids) THEN
+                    -- A stop that committed after the pick's snapshot: _start_runs, which reads the
+                    -- schedules afresh, left those runs pending; they end like any stale run.
+                    PERFORM dispatch._end_stale_runs(
+                        ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.id = ANY (live_ids) AND r.status = 'pending'),
+                        wait => false);
+                    ended := true;
+                END IF;
             END IF;
         END IF;
 
-        -- what each project got: its allowance goes down; one that filled its quota may have more
-        got := coalesce(cardinality(first_ids), 0) + coalesce(cardinality(slot_ids), 0);
-        IF cardinality(projects) = 1 THEN
-            allow := ARRAY[greatest(allow[1] - got, 0)];
-            eligible := ARRAY[got = quotas[1]];
-            served := CASE WHEN got > 0 THEN 1 ELSE served END;
-        ELSE
-        SELECT array_agg(greatest(x.a - x.got, 0) ORDER BY x.n), array_agg(x.q > 0 AND x.got = x.q ORDER BY x.n),
-               max(x.n) FILTER (WHERE x.got > 0)
-        INTO allow, eligible, last_served
-        FROM (SELECT u.n, u.a, u.q, coalesce(cardinality(array_positions(first_of || slot_of, u.n::integer)), 0) AS got
-              FROM unnest(allow, quotas) WITH ORDINALITY AS u(a, q, n)) x;
-        served := greatest(served, last_served);
-        END IF;
-        taken := taken + got;
-        EXIT WHEN taken >= claim_runs.max_runs;
+        -- What each project gave counts against the claim (runs ended or held by a breaker
+        -- included); one that gave fewer than asked has no more to give: it is held to that.
+        was_allowed := allow;
+        SELECT array_agg(x.took + x.got ORDER BY x.n),
+               array_agg(CASE WHEN x.got < x.q THEN x.took + x.got ELSE x.a END ORDER BY x.n)
+        INTO taken, allow
+        FROM (SELECT u.n, u.a, u.q, u.took,
+                     coalesce(cardinality(array_positions(first_of || slot_of, u.n::integer)), 0) AS got
+              FROM unnest(allow, quotas, taken) WITH ORDINALITY AS u(a, q, took, n)) x;
+        -- (each pass takes runs or learns of a project that has no more: never the same pass twice)
+        EXIT WHEN first_ids IS NULL AND slot_ids IS NULL AND allow = was_allowed;
     END LOOP;
 
-    -- Where the next claim of this session starts: after the last project served.
-    IF served IS NOT NULL THEN
-        PERFORM set_config('dispatch.claim_cursor', projects[served], false);
+    -- Where the next claim of this session starts.
+    IF (SELECT sum(t) FROM unnest(taken) t) > 0 THEN
+        PERFORM set_config('dispatch.claim_cursor', projects[coalesce(last_served, cardinality(projects))], false);
     END IF;
     IF ended THEN
         -- fewer runs than asked for although more may be pending: have the claimers come back
