@@ -124,7 +124,9 @@ class Dispatcher:
                 if runs:
                     logger.debug("claimed %d run%s", len(runs), "" if len(runs) == 1 else "s",
                                  extra={"event": "runs_claimed", "count": len(runs)})
-                if len(runs) < free:
+                # Only a claim that found nothing means nothing is left for this listener now: a
+                # short one may have stopped at a cap or a row another claimer held.
+                if not runs:
                     break
 
     # -- invoking -----------------------------------------------------------------------------

@@ -41,3 +41,21 @@ async def test_small_tenants_are_invoked_while_a_big_tenants_burst_goes_on(
     assert len(order) == 1505
     # each small tenant's request among the first of the instant, while the big one's go on
     assert max(order.index(project) for project in SMALL) < 100, order[:100]
+
+
+async def test_a_capped_projects_runs_go_as_places_free_up_without_a_sweep(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener,
+) -> None:
+    # Each claim comes back short (the cap leaves 4 of 8 places unused); the cap's runs then go
+    # one by one as each of the others ends, with no sweep to fall back on.
+    add_schedules(db, 5, project_id="capped")
+    add_schedules(db, 3, project_id="free")
+    db.execute("INSERT INTO dispatch.projects (project_id, max_concurrency) VALUES ('capped', 1)")
+    await start_listener(sweep_interval_s=3600, concurrency=8)
+    with db.transaction():
+        db.execute("UPDATE dispatch.schedules"
+                   " SET next_run_at = date_trunc('milliseconds', now()) + interval '1 s'")
+        db.execute("SELECT pg_notify('dispatch', 'schedules')")
+    await until(lambda: scalar(adb, "SELECT count(*) = 8 FROM dispatch.runs WHERE status = 'ok'"),
+                within=30, what="8 runs recorded ok")
+    assert sorted(call.project_id for call in sink.calls) == ["capped"] * 5 + ["free"] * 3
