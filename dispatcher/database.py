@@ -15,7 +15,12 @@ transaction, so that it holds through a transaction pooler, and bounding the sta
 whole, not each lock wait. A call cancelled at its
 deadline also sends the server a cancel request, fire and forget, before its connection is
 closed. And a call that reaches the server only after its deadline (a path that stalled, then
-delivered) is refused there: it carries that deadline on the server's clock (_NOT_AFTER).
+delivered) is refused there: it carries that deadline on the server's clock (_NOT_AFTER), placed
+with the offset of the server's clock from time.monotonic(), so that a step of the listener's
+wall clock changes nothing. A step of the server's clock (or a pause of the listener's host,
+which time.monotonic() does not count) makes that offset wrong: a refusal as late that comes
+back before the listener's own deadline contradicts it, and the offset is read again at once
+and the call sent again (Database._rows).
 
 Errors come in two kinds. DatabaseUnavailable: the database is down, unreachable or slow to
 answer; wait and retry. DatabaseMisconfigured: it answered, and the answer will not change by
@@ -94,9 +99,12 @@ SERVER_MARGIN_S = 0.25
 # that stalled, then delivered) would run in full after the listener gave up on it. So each call
 # also carries its deadline on the database's clock, and the server refuses it when it arrives
 # later. The offset between the two clocks is read this often, from a round trip short enough
-# (CLOCK_READ_MAX_RTT_S) to place the server's reading within half of it.
+# (CLOCK_READ_MAX_RTT_S) to place the server's reading within half of it. The listener's side is
+# time.monotonic(), not time.time(): its wall clock may step (NTP, a VM resumed), never the former.
 CLOCK_READ_EVERY_S = 60.0
 CLOCK_READ_MAX_RTT_S = 0.2
+# An offset that moved by more than this since the last reading is said (clock_offset_changed).
+CLOCK_MOVED_S = 1.0
 # A busy answer of dispatch.complete_runs renews the run's lease to at least this long after the
 # server's clock_timestamp() at the call's start (its busy_lease; only when the run's own row is
 # free, and a held row cannot expire meanwhile). That start comes after the listener sent the
@@ -112,9 +120,13 @@ CANCEL_TIMEOUT_S = 2.0
 _BOUND = ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = '{bound}';"
           " SET LOCAL lock_timeout = '{bound}'; ")
 # Then, once the clocks' offset is known: a call that arrives after its deadline does nothing.
+_LATE = "arrived after its deadline"
 _NOT_AFTER = ("DO $$BEGIN IF clock_timestamp() > '{at}' THEN"
-              " RAISE EXCEPTION 'arrived after its deadline ({at})' USING ERRCODE = 'query_canceled';"
+              " RAISE EXCEPTION '" + _LATE + " ({at})' USING ERRCODE = 'query_canceled';"
               " END IF; END$$; ")
+# The offset is read from the same clock_timestamp() as _NOT_AFTER's, as the session's search_path
+# finds it (tests/listener/test_deadlines.py steps the server's clock that way).
+_SERVER_CLOCK = "SELECT clock_timestamp() AS now"
 _COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 # Every column, read by position: kind (the twelfth) is there only once the install that added it
 # has run, and a listener must keep working on the install before.
@@ -226,12 +238,13 @@ async def _bounded(conn: LiveConnection, query: str, params: tuple[Any, ...],
     soon as the statement ends. Not BEGIN ... COMMIT: the locks the statement took would be held
     until the listener's COMMIT went out, which waits for the event loop (a busy loop, a stopped
     process), and a user's write to the schedule would wait on the listener. With the offset of
-    the server's clock from time.time(), the server also refuses the call if it arrives after
-    its deadline (_NOT_AFTER)."""
+    the server's clock from time.monotonic(), the server also refuses the call if it arrives
+    after its deadline (_NOT_AFTER)."""
+    now = time.monotonic()
     left_s = _server_left_s(deadline)
     message = _BOUND.format(bound=f"{max(1, int(left_s * 1000))}ms")
     if server_clock_offset_s is not None:
-        at = datetime.fromtimestamp(time.time() + server_clock_offset_s + left_s, UTC)
+        at = datetime.fromtimestamp(now + left_s + server_clock_offset_s, UTC)
         message += _NOT_AFTER.format(at=at.isoformat())
     cursor = psycopg.AsyncClientCursor(conn, row_factory=row_factory)
     await cursor.execute(message + cursor.mogrify(query, params))
@@ -249,6 +262,15 @@ class Recorded(NamedTuple):
     retry_at: datetime | None = None  # not finished: the run is retried then (the database's clock)
     # busy: the lease holds at least until then (time.monotonic(); see BUSY_LEASE_S)
     lease_deadline: float | None = None
+
+
+def _refused_in_time(exc: errors.QueryCanceled, deadline: float) -> bool:
+    """Whether `exc` is the server's refusal of a call as arriving after its deadline (_NOT_AFTER)
+    that came back while that deadline, by time.monotonic(), had not passed (less what the
+    clocks' offset may be off by): the server read its clock after the call was sent and before
+    the refusal came back, so the offset the deadline was placed with is wrong."""
+    return ((exc.diag.message_primary or "").startswith(_LATE)
+            and time.monotonic() < deadline - SERVER_MARGIN_S - CLOCK_READ_MAX_RTT_S)
 
 
 def _recorded(row: dict[str, Any], sent: float) -> Recorded:
@@ -332,8 +354,9 @@ class Database:
         self._failing = False  # a call failed for want of the database since the last one that did not
         self._failing_now = asyncio.Event()  # set while _failing: wakes heal()
         self._closing: set[asyncio.Task[None]] = set()
-        self._server_clock_offset_s: float | None = None  # the server's clock less time.time()
+        self._server_clock_offset_s: float | None = None  # the server's clock less time.monotonic()
         self._clock_read_at = float("-inf")  # time.monotonic() of the last reading
+        self._last_offset_s: float | None = None  # the last trusted reading, kept when one is dropped
         self.pool = self._new_pool()
 
     def _new_pool(self) -> AsyncConnectionPool[LiveConnection]:
@@ -436,35 +459,59 @@ class Database:
                      ) -> list[dict[str, Any]]:
         return await self._rows(query, params, dict_row, timeout_s=timeout_s)
 
-    async def _read_server_clock(self) -> None:
-        """The offset of the server's clock, from a round trip short enough to trust (a slow one
-        leaves the last reading in place)."""
-        sent = time.time()
-        rows = await self._rows("SELECT clock_timestamp() AS now", (), dict_row, read_clock=False)
-        received = time.time()
-        self._clock_read_at = time.monotonic()
-        if received - sent <= CLOCK_READ_MAX_RTT_S:
-            self._server_clock_offset_s = rows[0]["now"].timestamp() - (sent + received) / 2
+    async def _read_server_clock(self, conn: LiveConnection, deadline: float) -> None:
+        """The offset of the server's clock from time.monotonic(), from a round trip short
+        enough to trust (a slow one leaves the offset as it was). Its own statement carries
+        no deadline on the server's clock: that would be placed with the offset being replaced."""
+        sent = time.monotonic()
+        rows = await _bounded(conn, _SERVER_CLOCK, (), dict_row, deadline)
+        received = time.monotonic()
+        self._clock_read_at = received
+        if received - sent > CLOCK_READ_MAX_RTT_S:
+            return
+        offset_s = rows[0]["now"].timestamp() - (sent + received) / 2
+        before_s = self._last_offset_s
+        self._server_clock_offset_s = self._last_offset_s = offset_s
+        if before_s is not None and abs(offset_s - before_s) > CLOCK_MOVED_S:
+            logger.info("the server's clock moved by %+.3f s against the listener's monotonic clock",
+                        offset_s - before_s,
+                        extra={"event": "clock_offset_changed", "moved_s": round(offset_s - before_s, 3)})
 
     async def _rows(self, query: str, params: tuple[Any, ...], row_factory: AsyncRowFactory[Row], *,
-                    timeout_s: float | None = None, read_clock: bool = True) -> list[Row]:
-        if read_clock and time.monotonic() - self._clock_read_at > CLOCK_READ_EVERY_S:
-            await self._read_server_clock()
+                    timeout_s: float | None = None) -> list[Row]:
         limit = timeout_s or self._call_timeout_s
         deadline = time.monotonic() + limit
         pool = self.pool
+        read_again = False  # the clocks' offset was found wrong during this call, and read again
         try:
-            # The bound covers waiting for a connection, checking it and the statement: a call on
-            # a path that died silently is cancelled (psycopg then closes that connection).
+            # The bound covers waiting for a connection, checking it, reading the clocks' offset
+            # when it is due, and the statement: a call on a path that died silently is cancelled
+            # (psycopg then closes that connection).
             async with asyncio.timeout(limit):
                 while True:
                     async with pool.connection(
                             timeout=min(CONNECTION_WAIT_S, deadline - time.monotonic())) as conn:
                         if await self._found_broken(conn):
                             continue  # the next one at once: a blip breaks them all together
+                        if time.monotonic() - self._clock_read_at > CLOCK_READ_EVERY_S:
+                            await self._read_server_clock(conn, deadline)
                         try:
                             rows = await _bounded(conn, query, params, row_factory, deadline,
                                                   self._server_clock_offset_s)
+                        except errors.QueryCanceled as exc:
+                            if read_again or not _refused_in_time(exc, deadline):
+                                raise
+                            # Refused before the statement ran (nothing of it committed), so it
+                            # is sent again, once, with the offset read afresh; a stale offset is
+                            # dropped even if no new reading can be trusted.
+                            read_again = True
+                            self._server_clock_offset_s = None
+                            self._clock_read_at = float("-inf")
+                            logger.warning(
+                                "the server refused a call as late although it was sent in time: its"
+                                " clock moved against the listener's; reading their offset again",
+                                extra={"event": "clock_offset_stale", "reason": _one_line(exc)})
+                            continue
                         except errors.ReadOnlySqlTransaction:
                             # A session on a node that no longer takes writes (a demoted primary
                             # behind a VIP or a pooler): closed, so that the pool's next one may

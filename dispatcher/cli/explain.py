@@ -11,8 +11,9 @@ import argparse
 from typing import Any
 
 import psycopg
+from psycopg.types.datetime import TimestamptzLoader
 
-from dispatcher.cli.console import add_connection_arguments, connect, print_json, print_table
+from dispatcher.cli.console import UsageError, add_connection_arguments, connect, print_json, print_table
 from dispatcher.cli.schedule_rows import database_error, load, parse_schedule_id
 
 __all__ = ["add_commands"]
@@ -23,17 +24,48 @@ _SECTIONS = [("state", "state"), ("open run", "open runs"), ("next", "next slots
 _COLUMNS = [("item", "what"), ("at", "at (UTC)"), ("run_id", "run"), ("detail", "detail")]
 # Details are sentences: the table does not cut them short.
 _DETAIL_WIDTH = 1000
+# What a datetime can hold (psql shows the rest): a --since outside it is refused rather than
+# failing once dispatch.explain's answer, which repeats it, is read.
+_SHOWN = "'0001-01-01 00:00Z' <= t AND t < '10000-01-01 00:00Z'"
+
+
+class _InfinityLoader(TimestamptzLoader):
+    """timestamptz as datetime, except the infinities, kept as the words psql prints: dispatch.explain
+    repeats a --since of infinity or -infinity, which no datetime holds."""
+
+    def load(self, data: psycopg.abc.Buffer) -> Any:
+        if bytes(data) in (b"infinity", b"-infinity"):
+            return bytes(data).decode()
+        return super().load(data)
+
+
+def _since(conn: psycopg.Connection[dict[str, Any]], since: str | None) -> None:
+    """Refuse a --since that is no timestamp, or one this command cannot show (see _SHOWN)."""
+    if since is None:
+        return
+    try:
+        row = conn.execute(f"SELECT t::text, NOT isfinite(t) OR ({_SHOWN}) AS shown"
+                           " FROM (SELECT %s::timestamptz AS t) AS given", (since,)).fetchone()
+    except psycopg.Error as exc:
+        error = database_error(exc)
+        raise (UsageError(f"--since: {error}") if isinstance(error, UsageError) else error) from None
+    assert row is not None
+    if not row["shown"]:
+        raise UsageError(f"--since: {row['t']} is outside the years 1 to 9999 that this command shows"
+                         " (psql shows it: SELECT * FROM dispatch.explain(id, since))")
 
 
 def _explain(args: argparse.Namespace) -> int:
     schedule_id = parse_schedule_id(args.id)
     with connect(args) as conn:
         schedule = load(conn, schedule_id)
+        _since(conn, args.since)
+        conn.adapters.register_loader("timestamptz", _InfinityLoader)
         try:
             rows = conn.execute(
                 "SELECT section, item, at, run_id, detail FROM dispatch.explain(%s, coalesce(%s::timestamptz,"
                 " now() - interval '1 day'))", (schedule_id, args.since)).fetchall()
-        except psycopg.Error as exc:  # an unreadable --since
+        except psycopg.Error as exc:
             raise database_error(exc) from None
     by_section: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in _SECTIONS}
     for row in rows:

@@ -1,17 +1,20 @@
 """Invariant 9: every client deadline is a server deadline. A statement the listener gave up on
 must not go on waiting on the server, and must not commit a claim, a completion or a tick later.
 Here a migration-like `LOCK TABLE dispatch.runs` (ACCESS EXCLUSIVE) is held for longer than the
-listener's call bound, with the real `pgdispatch` process waiting on it."""
+listener's call bound, with the real `pgdispatch` process waiting on it. And a step of either
+side's clock stops no call for longer than a few seconds."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from dispatcher.database import CALL_TIMEOUT_S, Database, DatabaseUnavailable
 
@@ -181,3 +184,67 @@ async def test_a_claim_that_reaches_the_server_after_its_deadline_is_refused(
         assert [run.run_id for run in await database.claim(3, lease_s=60, timeout_s=30)] != []
     finally:
         await database.close()
+
+
+# NTP steps and a VM resumed: a few seconds, and minutes, either way.
+CLOCK_STEPS_S = [-6.0, -600.0, 6.0, 600.0]
+
+
+async def _dispatched(db: psycopg.Connection, sink: Sink, function_name: str, *, within: float) -> None:
+    """A new schedule's run marked (the tick NOTIFYs), and its request at the function `within` s."""
+    add_schedules(db, 1, function_name=function_name)
+    mark_all_due(db)
+    await until(lambda: any(call.function_name == function_name for call in sink.calls), within=within,
+                interval=0.05, what=f"the run of {function_name} at the function")
+
+
+@pytest.mark.parametrize("step_s", CLOCK_STEPS_S)
+async def test_claims_go_on_when_the_listeners_wall_clock_steps(
+    db: psycopg.Connection, sink: Sink, start_listener: StartListener, monkeypatch: pytest.MonkeyPatch,
+    step_s: float,
+) -> None:
+    """Issue 33 item 6: the listener's deadlines on the server's clock were placed with
+    time.time() and an offset read once a minute; stepped back by more than a call's bound,
+    every call, the offset's own re-reading included, was refused as late, for good. The
+    process's wall clock is stepped here (time.time, what the listener's modules read)."""
+    await start_listener()
+    await _dispatched(db, sink, "before", within=10)  # the clocks' offset is read by now
+    wall = time.time
+    monkeypatch.setattr(time, "time", lambda: wall() + step_s)
+    await _dispatched(db, sink, "after", within=5)
+
+
+_STEPPABLE_SERVER_CLOCK = """
+CREATE SCHEMA clockstep;
+CREATE TABLE clockstep.step (by interval NOT NULL);
+INSERT INTO clockstep.step VALUES ('0');
+CREATE FUNCTION clockstep.clock_timestamp() RETURNS timestamptz LANGUAGE sql VOLATILE
+    AS 'SELECT pg_catalog.clock_timestamp() + (SELECT by FROM clockstep.step)';
+"""
+
+
+@pytest.mark.parametrize("step_s", CLOCK_STEPS_S)
+async def test_claims_go_on_when_the_servers_clock_steps(
+    db: psycopg.Connection, dsn: str, sink: Sink, start_listener: StartListener, caplog: Any,
+    step_s: float,
+) -> None:
+    """The server's clock as the listener's own statements read it (the clocks' offset, the
+    deadline a call carries) is stepped: `clock_timestamp()` resolves to clockstep's in every
+    session the listener opens on this database (its search_path), while dispatch's functions
+    (search_path pinned) keep the real one. Stepped forward by more than a call's bound, the
+    offset read before makes every call arrive "after its deadline"."""
+    caplog.set_level(logging.INFO, logger="dispatcher.database")
+    db.execute(_STEPPABLE_SERVER_CLOCK)
+    db.execute(sql.SQL("ALTER DATABASE {} SET search_path = clockstep, pg_catalog, public")
+               .format(sql.Identifier(db.info.dbname)))
+    await start_listener()
+    await _dispatched(db, sink, "before", within=10)  # the clocks' offset is read by now
+    db.execute("UPDATE clockstep.step SET by = make_interval(secs => %s)", (step_s,))
+    async with await psycopg.AsyncConnection.connect(dsn) as session:  # as the listener's sessions see it
+        stepped = await scalar(session, "SELECT extract(epoch FROM clock_timestamp()"
+                                        " - pg_catalog.clock_timestamp())")
+    assert abs(float(stepped) - step_s) < 1.0, "the listener's sessions do not read the stepped clock"
+    await _dispatched(db, sink, "after", within=5)
+    if step_s > 0:
+        assert any(getattr(record, "event", None) == "clock_offset_stale" for record in caplog.records), \
+            "the step was never met: the test stepped nothing the listener reads"

@@ -344,6 +344,34 @@ def test_explain(cli: Callable[..., Result], db: psycopg.Connection) -> None:
     assert missing.err == f"pgdispatch schedules explain: no schedule {unknown}\n"
 
 
+def test_explain_since_infinity_answers_as_psql_does(
+    cli: Callable[..., Result], db: psycopg.Connection,
+) -> None:
+    """Issue 33 item 8: --since infinity exited 1 with psycopg's "timestamp too large (after year
+    10K)", an error of the command's own, where psql answers. The infinities are shown as psql
+    shows them; a finite instant no datetime holds is refused as bad input, naming the option."""
+    sid = _add(cli, "--function", "report", "--cron", "0 0 1 1 *")["schedule"]["id"]  # type: ignore[index]
+    for since in ("infinity", "-infinity"):
+        [(at, detail)] = db.execute("SELECT at::text, detail FROM dispatch.explain(%s, %s)"
+                                    " WHERE section = 'not run'", (sid, since)).fetchall()
+        assert at == since
+        text = cli("schedules", "explain", sid, f"--since={since}")
+        assert text.code == 0, text.err
+        lines = text.out.splitlines()
+        assert lines[lines.index("did not run:") + 2].split(maxsplit=3) == ["summary", since, "-", detail]
+        as_json = cli("schedules", "explain", sid, "--json", f"--since={since}")
+        assert as_json.code == 0, as_json.err
+        assert [(row["at"], row["detail"]) for row in as_json.json["not_run"]] == [(since, detail)]
+    for since in ("10000-01-01", "0001-12-31 BC"):
+        refused = cli("schedules", "explain", sid, "--since", since)
+        assert (refused.code, refused.out) == (2, "")
+        assert refused.err.startswith("pgdispatch schedules explain: --since: "), refused.err
+        assert "outside the years 1 to 9999" in refused.err
+    garbage = cli("schedules", "explain", sid, "--since", "yesterday-ish")
+    assert garbage.code == 2 and garbage.err.startswith("pgdispatch schedules explain: --since: ")
+    assert "yesterday-ish" in garbage.err
+
+
 def test_interval_and_jitter(cli: Callable[..., Result], db: psycopg.Connection) -> None:
     added = _add(cli, "--function", "poll", "--every", "30s", "--jitter", "5s")
     schedule = added["schedule"]
