@@ -364,6 +364,13 @@ def test_a_project_at_its_max_concurrency(db: psycopg.Connection) -> None:
     seen = explain_agrees(db)
     assert (seen["open run missed"], seen["open run capped"], seen["open run pending"]) == (1, 2, 0)
 
+    # a slot due before them all, not marked yet: the tick marks it, and its run takes the room
+    # (the check lets the run it overtakes wait)
+    early = add_schedule(db, YEARLY)
+    due(db, early, "date_trunc('minute', now()) - interval '3 minutes'")
+    assert state(db, early)["item"] == "due"
+    assert explain_agrees(db)["open run missed overtaken"] == 1
+
     # no cap: every run goes
     db.execute("UPDATE dispatch.projects SET max_concurrency = NULL")
     assert [state(db, s)["item"] for s in (missed, sid, later)] == ["missed", "pending", "pending"]
