@@ -1541,6 +1541,45 @@ $$;
 
 
 --
+-- Name: _explain_cap(text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._explain_cap(project text, OUT max_concurrency integer, OUT running integer, OUT holder integer, OUT takes bigint[]) RETURNS record
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    room integer;
+BEGIN
+    SELECT p.max_concurrency INTO _explain_cap.max_concurrency
+    FROM dispatch.projects p WHERE p.project_id = _explain_cap.project;
+    IF _explain_cap.max_concurrency IS NULL THEN
+        RETURN;
+    END IF;
+    _explain_cap.running := (SELECT count(*) FROM dispatch.runs x  -- runs_running_lease_idx, as the claim
+                             WHERE x.status = 'running' AND x.project_id = _explain_cap.project);
+    _explain_cap.holder := dispatch._project_holder(_explain_cap.project);
+    room := CASE WHEN _explain_cap.holder IS NULL
+                 THEN greatest(_explain_cap.max_concurrency - _explain_cap.running, 0) ELSE 0 END;
+    -- not_before over first, then by slot, each from the project's own queue
+    _explain_cap.takes := ARRAY(
+        SELECT q.id FROM (
+            (SELECT r.id, 1 AS queue, r.not_before AS k FROM dispatch.runs r
+             WHERE r.project_id = _explain_cap.project AND r.status = 'pending'
+               AND r.not_before IS NOT NULL AND r.not_before <= now()
+             ORDER BY r.project_id, r.not_before, r.id LIMIT room)
+            UNION ALL
+            (SELECT r.id, 2, r.scheduled_for FROM dispatch.runs r
+             WHERE r.project_id = _explain_cap.project AND r.status = 'pending' AND r.not_before IS NULL
+             ORDER BY r.project_id, r.scheduled_for, r.id LIMIT room)) q
+        ORDER BY q.queue, q.k, q.id
+        LIMIT room);
+END
+$$;
+
+
+--
 -- Name: _explain_next(dispatch.cron_spec, timestamp with time zone, text); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -1568,6 +1607,8 @@ CREATE FUNCTION dispatch._explain_open(s dispatch.schedules) RETURNS TABLE(id bi
            r.claimed_at, r.lease_until, r.error,
            CASE WHEN r.status = 'running' AND r.lease_until < now() THEN 'expired'
                 WHEN r.status = 'running' THEN 'running'
+                WHEN c.max_concurrency IS NOT NULL AND (r.not_before IS NULL OR r.not_before <= now())
+                     AND r.id <> ALL (c.takes) THEN 'capped'
                 WHEN dispatch._stopped_as(s) IS NOT NULL THEN 'stale'
                 WHEN r.not_before = 'infinity' AND r.kind = 'backfill' THEN 'waits_turn'
                 WHEN r.not_before = 'infinity' THEN 'buffered'
@@ -1586,6 +1627,7 @@ CREATE FUNCTION dispatch._explain_open(s dispatch.schedules) RETURNS TABLE(id bi
                                AND b.state = 'open') THEN 'breaker'
                 ELSE 'pending' END
     FROM dispatch.runs r
+    CROSS JOIN dispatch._explain_cap(s.project_id) c
     WHERE r.schedule_id = s.id AND r.status IN ('pending', 'running')
 $$;
 
@@ -1788,6 +1830,21 @@ BEGIN
     END IF;
     RETURN ARRAY(SELECT x FROM unnest(run_ids) x WHERE x <> ALL (coalesce(held_ids, '{}')));
 END
+$$;
+
+
+--
+-- Name: _holds_projects(integer); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._holds_projects(pid integer) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks t
+                   WHERE t.pid = _holds_projects.pid AND t.locktype = 'relation'
+                     AND t.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
+                     AND t.relation = 'dispatch.projects'::regclass AND t.granted AND t.mode <> 'AccessShareLock')
 $$;
 
 
@@ -2111,6 +2168,43 @@ CREATE FUNCTION dispatch._probe_spacing(probes integer) RETURNS interval
     AS $$
     SELECT least(st.breaker_probe_spacing * power(2, least(greatest(probes, 0), 30)), st.breaker_probe_spacing_max)
     FROM dispatch.settings st
+$$;
+
+
+--
+-- Name: _project_holder(text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._project_holder(project text) RETURNS integer
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    locker xid;
+    holder integer;
+BEGIN
+    SELECT p.xmax INTO locker FROM dispatch.projects p WHERE p.project_id = project;
+    IF locker IS NULL OR locker = '0'::xid THEN
+        RETURN NULL;
+    END IF;
+    -- a transaction that locked or updated it, in progress; else several that share it
+    SELECT l.pid INTO holder FROM pg_catalog.pg_locks l
+    WHERE l.locktype = 'transactionid' AND l.transactionid = locker AND l.mode = 'ExclusiveLock' AND l.granted
+      AND dispatch._holds_projects(l.pid);
+    IF holder IS NULL THEN
+        BEGIN
+            SELECT l.pid INTO holder
+            FROM pg_catalog.pg_get_multixact_members(locker) m
+            JOIN pg_catalog.pg_locks l
+              ON l.locktype = 'transactionid' AND l.transactionid = m.xid AND l.mode = 'ExclusiveLock' AND l.granted
+            WHERE m.mode <> 'keysh' AND dispatch._holds_projects(l.pid)
+            ORDER BY l.pid LIMIT 1;
+        EXCEPTION WHEN OTHERS THEN  -- no MultiXactId of that number (most often: a claim long committed)
+            NULL;
+        END;
+    END IF;
+    RETURN holder;
+END
 $$;
 
 
@@ -4045,6 +4139,8 @@ DECLARE
     head record;          -- the open run that holds the schedule (overlap skip, buffer_one)
     brk dispatch.breakers;  -- its function's circuit breaker, if it ever failed retryably
     held text;
+    cap record;           -- its project's max_concurrency, as the next claim sees it
+    capped text;          -- why a due run of that project waits for it
     slot_run dispatch.runs;
     listening boolean;
     who text;
@@ -4088,6 +4184,31 @@ BEGIN
     held := format('held by the circuit breaker of %s/%s, open since %s after %s retryable failures (%s): it goes when the breaker closes (an answer, or dispatch.reset_breaker), or as its probe, one at a time (the next at %s)',
                    s.project_id, s.function_name, dispatch._instant(brk.opened_at), brk.failures,
                    coalesce(brk.last_error, 'no error text'), dispatch._instant(brk.next_probe_at));
+    -- A due run of a capped project that the next claim leaves: the project is at its cap, its
+    -- room goes to runs before it in the claim's order, or a transaction holds its row.
+    SELECT * INTO cap FROM dispatch._explain_cap(s.project_id);
+    capped := CASE
+        WHEN cap.max_concurrency IS NULL THEN NULL
+        WHEN cap.holder IS NOT NULL THEN
+            format('project %s has max_concurrency %s (%s running), and its row in dispatch.projects is held by %s in an open transaction: every claim skips the project until that transaction ends',
+                   s.project_id, cap.max_concurrency, cap.running,
+                   coalesce((SELECT CASE WHEN a.pid = pg_backend_pid() THEN format('this session (pid %s)', a.pid)
+                                         ELSE format('pid %s (%s)', a.pid,
+                                                     concat_ws(', ', nullif(a.application_name, ''), 'role ' || a.usename,
+                                                               a.state, 'its transaction began at ' || dispatch._instant(a.xact_start)))
+                                    END
+                             FROM pg_catalog.pg_stat_activity a WHERE a.pid = cap.holder),
+                            format('pid %s', cap.holder)))
+        WHEN cap.max_concurrency <= cap.running THEN
+            format('project %s is at its max_concurrency: %s of %s running; it goes when one of them ends (an outcome, a hand-back, an expired lease)',
+                   s.project_id, cap.running, cap.max_concurrency)
+        ELSE
+            format('project %s (max_concurrency %s, %s running) has room for %s more, which the next claim gives to %s of %s due before this one',
+                   s.project_id, cap.max_concurrency, cap.running, cap.max_concurrency - cap.running,
+                   CASE WHEN cap.max_concurrency - cap.running = 1 THEN 'a run'
+                        ELSE (cap.max_concurrency - cap.running) || ' runs' END,
+                   s.project_id)
+        END;
     SELECT * INTO head FROM dispatch._explain_open(s) o
     WHERE o.verdict <> 'waits_turn'
     ORDER BY o.verdict = 'buffered', o.status = 'running' DESC, o.scheduled_for, o.id LIMIT 1;
@@ -4163,6 +4284,8 @@ BEGIN
                                           s.max_attempts, coalesce(head.error, 'no error text'),
                                           dispatch._instant(head.not_before))
             WHEN 'breaker' THEN format('run %s (slot %s) is %s', head.id, dispatch._instant(head.scheduled_for), held)
+            WHEN 'capped' THEN format('run %s (%s, slot %s) is due, but %s', head.id, head.kind,
+                                      dispatch._instant(head.scheduled_for), capped)
             WHEN 'missed' THEN format('run %s (slot %s) cannot start within misfire_grace (%s): the next claim ends it skipped',
                                       head.id, dispatch._instant(head.scheduled_for), s.misfire_grace)
             WHEN 'late' THEN format('run %s (slot %s) waited for a retry that may no longer start (the next slot came, or max_attempts is %s): the next claim ends it error (lost, if its last lease expired)',
@@ -4269,6 +4392,8 @@ BEGIN
                                          s.misfire_grace)
                WHEN 'late' THEN 'its retry may no longer start: the next claim ends it error (lost, if its last lease expired)'
                WHEN 'breaker' THEN held
+               WHEN 'capped' THEN format('due since %s, but %s',
+                                         dispatch._instant(coalesce(o.not_before, o.fire_at, o.scheduled_for)), capped)
                ELSE format('due since %s: the next claim takes it%s',
                            dispatch._instant(coalesce(o.not_before, o.fire_at, o.scheduled_for)),
                            CASE WHEN o.attempt > o.released THEN format(' (attempt %s of %s)', o.attempt - o.released + 1,
@@ -4417,7 +4542,7 @@ $$;
 -- Name: FUNCTION explain(schedule_id uuid, since timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone) IS 'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, breaker (held by its function''s open circuit breaker), buffered, backed_off, paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots, each with the instant its jitter fires it at), run (the last five finished runs, the latest slot first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';
+COMMENT ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone) IS 'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, breaker (held by its function''s open circuit breaker), capped (due, but its project''s max_concurrency leaves the next claim no room for it, or an open transaction holds the project''s row), buffered, backed_off, paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots, each with the instant its jitter fires it at), run (the last five finished runs, the latest slot first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';
 
 
 --
@@ -5939,6 +6064,13 @@ REVOKE ALL ON FUNCTION dispatch._expire_leases() FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION _explain_cap(project text, OUT max_concurrency integer, OUT running integer, OUT holder integer, OUT takes bigint[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._explain_cap(project text, OUT max_concurrency integer, OUT running integer, OUT holder integer, OUT takes bigint[]) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _explain_next(spec dispatch.cron_spec, after timestamp with time zone, tz text); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -5971,6 +6103,13 @@ REVOKE ALL ON FUNCTION dispatch._follow_up(schedule_ids uuid[]) FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION dispatch._hold_for_breakers(run_ids bigint[]) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _holds_projects(pid integer); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._holds_projects(pid integer) FROM PUBLIC;
 
 
 --
@@ -6037,6 +6176,13 @@ REVOKE ALL ON FUNCTION dispatch._probe_delay(probes integer) FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION dispatch._probe_spacing(probes integer) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _project_holder(project text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._project_holder(project text) FROM PUBLIC;
 
 
 --

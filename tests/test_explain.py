@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 from .explain_check import explain_agrees
 from .runs_kit import YEARLY, add_schedule, claim, complete, make_due, scalar
 from .test_breaker import opened, probe_due
+from .test_fairness import Connect
 
 
 def explain(db: psycopg.Connection, sid: str, since: str | None = None) -> list[dict[str, Any]]:
@@ -313,3 +314,115 @@ def test_stopped_and_the_slots_that_did_not_run(db: psycopg.Connection) -> None:
     _slots_beyond_the_grace_and_the_gaps_since(db)
     fresh(db)
     _paused_disabled_deleted_and_the_gaps_they_leave(db)
+
+
+def _open_run(db: psycopg.Connection, sid: str) -> dict[str, Any]:
+    [row] = section(explain(db, sid), "open run")
+    return row
+
+
+def test_a_project_at_its_max_concurrency(db: psycopg.Connection) -> None:
+    # three runs due of a project that runs at most two at once: two run, the third waits
+    sids = [add_schedule(db, YEARLY) for _ in range(3)]
+    db.execute("INSERT INTO dispatch.projects (project_id, max_concurrency) VALUES ('proj_1', 2)")
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    taken = claim(db, "w", 10)
+    assert len(taken) == 2
+    [sid] = [s for s in sids if s not in {str(r[1]) for r in taken}]
+    run_id = scalar(db, "SELECT id FROM dispatch.runs WHERE schedule_id = %s", (sid,))
+    capped = state(db, sid)
+    assert (capped["item"], capped["run_id"]) == ("capped", run_id), capped
+    assert "project proj_1 is at its max_concurrency: 2 of 2 running" in capped["detail"]
+    assert "it goes when one of them ends" in capped["detail"]
+    assert _open_run(db, sid)["item"] == "capped"
+    assert explain_agrees(db)["open run capped"] == 1  # the claim leaves it
+
+    # room for one more: the claim takes it
+    db.execute("UPDATE dispatch.projects SET max_concurrency = 3")
+    assert state(db, sid)["item"] == "pending"
+    assert explain_agrees(db)["open run pending"] == 1
+
+    # a second run of the same slot, marked after it: the room goes to the first, in the
+    # claim's order
+    later = add_schedule(db, YEARLY)
+    due(db, later, f"(SELECT scheduled_for FROM dispatch.runs WHERE id = {run_id})")
+    db.execute("SELECT dispatch.tick()")
+    assert (state(db, sid)["item"], state(db, later)["item"]) == ("pending", "capped")
+    assert "room for 1 more, which the next claim gives to a run of proj_1 due before this one" \
+        in state(db, later)["detail"]
+    seen = explain_agrees(db)
+    assert (seen["open run pending"], seen["open run capped"]) == (1, 1)
+
+    # a run the claim ends (beyond its misfire_grace) takes the room as well: the claim's
+    # allowance counts it, not the cap
+    missed = add_schedule(db, YEARLY)
+    due(db, missed, "date_trunc('minute', now()) - interval '2 minutes'")
+    db.execute("SELECT dispatch.tick()")
+    db.execute("UPDATE dispatch.schedules SET misfire_grace = '10 seconds' WHERE id = %s", (missed,))
+    assert [state(db, s)["item"] for s in (missed, sid, later)] == ["missed", "capped", "capped"]
+    seen = explain_agrees(db)
+    assert (seen["open run missed"], seen["open run capped"], seen["open run pending"]) == (1, 2, 0)
+
+    # a slot due before them all, not marked yet: the tick marks it, and its run takes the room
+    # (the check lets the run it overtakes wait)
+    early = add_schedule(db, YEARLY)
+    due(db, early, "date_trunc('minute', now()) - interval '3 minutes'")
+    assert state(db, early)["item"] == "due"
+    assert explain_agrees(db)["open run missed overtaken"] == 1
+
+    # no cap: every run goes
+    db.execute("UPDATE dispatch.projects SET max_concurrency = NULL")
+    assert [state(db, s)["item"] for s in (missed, sid, later)] == ["missed", "pending", "pending"]
+    explain_agrees(db)
+
+
+def test_a_capped_projects_row_held_by_an_open_transaction(db: psycopg.Connection, connect: Connect) -> None:
+    sid = add_schedule(db, YEARLY)
+    uncapped = add_schedule(db, YEARLY)
+    db.execute("UPDATE dispatch.schedules SET project_id = 'proj_2' WHERE id = %s", (uncapped,))
+    db.execute("INSERT INTO dispatch.projects (project_id, max_concurrency, weight) VALUES ('proj_1', 2, 1),"
+               " ('proj_2', NULL, 1)")
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    assert state(db, sid)["item"] == "pending"
+
+    # an administrator's UPDATE left open in psql: every claim skips the project meanwhile; an
+    # uncapped project's row is not locked by claims, so holding it holds nothing
+    admin = connect(autocommit=False)
+    admin.execute("UPDATE dispatch.projects SET max_concurrency = 5 WHERE project_id = 'proj_1'")
+    admin.execute("UPDATE dispatch.projects SET weight = 2 WHERE project_id = 'proj_2'")
+    # (and someone else's transaction beside it, with a transaction id of its own)
+    bystander = connect(autocommit=False)
+    bystander.execute("SELECT pg_current_xact_id()")
+    held = state(db, sid)
+    assert held["item"] == "capped", held
+    assert f"held by pid {admin.info.backend_pid} " in held["detail"]
+    assert "every claim skips the project until that transaction ends" in held["detail"]
+    assert f"held by pid {admin.info.backend_pid} " in _open_run(db, sid)["detail"]
+    # read, not probed with a lock of its own: a reader in a read-only transaction is told as much
+    read_only = connect(autocommit=False)
+    read_only.execute("SET ROLE dispatch_reader")
+    read_only.execute("SET TRANSACTION READ ONLY")
+    assert state(read_only, sid)["detail"] == held["detail"]
+    assert read_only.execute("SELECT pg_current_xact_id_if_assigned()").fetchone() == (None,)
+    read_only.rollback()
+    assert state(db, uncapped)["item"] == "pending"
+    seen = explain_agrees(db)
+    assert (seen["open run capped"], seen["open run pending"]) == (1, 1)
+    admin.rollback()
+    assert state(db, sid)["item"] == "pending"
+    explain_agrees(db)
+
+    # two sessions sharing the row (FOR SHARE: a MultiXactId holds it): held all the same
+    readers = [connect(autocommit=False) for _ in range(2)]
+    for reader in readers:
+        reader.execute("SELECT 1 FROM dispatch.projects WHERE project_id = 'proj_1' FOR SHARE")
+    shared = state(db, sid)
+    assert shared["item"] == "capped", shared
+    assert any(f"held by pid {r.info.backend_pid} " in shared["detail"] for r in readers)
+    assert explain_agrees(db)["open run capped"] == 1
+    for reader in readers:
+        reader.rollback()
+    assert state(db, sid)["item"] == "pending"
+    assert explain_agrees(db)["open run pending"] == 2

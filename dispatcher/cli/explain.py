@@ -93,10 +93,11 @@ def add_commands(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -
     explain = actions.add_parser(
         "explain", help="why a schedule does or did not fire (dispatch.explain)",
         description="Why a schedule does or did not fire, as dispatch.explain says it: its state (live, "
-                    "due, busy with a run, waiting for its jitter or a retry, paused by whom and why, "
-                    "disabled, deleted, backed off), its open runs and what the next claim does with them, "
-                    "the next three slots with their jitter, the last five runs, and each slot since --since "
-                    "that did not run, with the reason. Read-only: a dispatch_reader role may run it.")
+                    "due, busy with a run, waiting for its jitter, a retry or its project's max_concurrency, "
+                    "paused by whom and why, disabled, deleted, backed off), its open runs and what the next "
+                    "claim does with them, the next three slots with their jitter, the last five runs, and "
+                    "each slot since --since that did not run, with the reason. Read-only: a dispatch_reader "
+                    "role may run it.")
     explain.add_argument("id", help="schedule id")
     explain.add_argument("--since", metavar="TIMESTAMP",
                          help="list the slots that did not run from this instant on (default: a day ago)")
