@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,7 +12,9 @@ import psycopg.conninfo
 import pytest
 
 from dispatcher.migrations import migrations
+from dispatcher.notifications import PROBE_INTERVAL_S
 from tests.conftest import CLUSTER_DIR
+from tests.listener.kit import ListenerProcess, Sink, until
 
 from .conftest import Result, run_cli
 
@@ -147,6 +150,38 @@ def test_healthy_then_each_problem(cli: Callable[..., Result], db: psycopg.Conne
     assert check["status"] == "fail"
     assert check["detail"].endswith("failed: ERROR: permission denied for schema dispatch")
     assert "cron.job_run_details WHERE jobid = " in check["fix"]
+
+
+async def test_a_real_listener_past_its_probe_is_listening(
+        cli: Callable[..., Result], db: psycopg.Connection, dsn: str, sink: Sink,
+        tick_job: Callable[[str, str], None]) -> None:
+    """A quiet listener probes its LISTEN session every PROBE_INTERVAL_S, and other sessions see
+    the probe as that session's last statement: the probe must not make the listener look gone
+    (it was SELECT 1, and doctor said "no listener connected" within 5 s of a listener's start)."""
+    tick_job("succeeded", "1 row")
+    proc = await ListenerProcess.start("--database-url", dsn, "--invoke-url", sink.template,
+                                       "--worker-id", "doctor-real")
+    try:
+        await proc.wait_event("listening")
+        row = db.execute("SELECT pid, state_change FROM pg_stat_activity WHERE application_name = %s"
+                         " AND query LIKE 'LISTEN%%'", ("pgdispatch doctor-real",)).fetchone()
+        assert row is not None
+        pid, listened_at = row
+
+        def probed() -> bool:  # the session's next statement is its probe: nothing notifies here
+            changed = db.execute("SELECT state_change FROM pg_stat_activity WHERE pid = %s",
+                                 (pid,)).fetchone()
+            return changed is not None and changed[0] > listened_at
+
+        await until(probed, within=PROBE_INTERVAL_S + 10, interval=0.1, what="the LISTEN session's probe")
+        assert db.execute("SELECT listening FROM dispatch.listeners WHERE pid = %s",
+                          (pid,)).fetchall() == [(True,)]
+        done = await asyncio.to_thread(cli, "doctor", "--json")
+        assert _check(done, "listeners") == {
+            "name": "listeners", "status": "ok", "detail": "1 listening: doctor-real", "fix": ""}
+        assert done.code == 0, done.out
+    finally:
+        await proc.kill()
 
 
 def test_schema_missing_or_behind(empty_database: str, cli: Callable[..., Result],
