@@ -184,6 +184,36 @@ async def test_a_real_listener_past_its_probe_is_listening(
         await proc.kill()
 
 
+async def test_a_role_that_may_not_see_the_listeners_statements(
+        db: psycopg.Connection, dsn: str, sink: Sink) -> None:
+    """pg_stat_activity shows another role's session's statement only to a superuser or a member
+    of pg_read_all_stats: a doctor run by an operator's role (dispatch_reader) cannot tell a
+    listener's LISTEN session from its pool, and must not say that no listener is connected."""
+    role = f"doctor_viewer_{db.info.backend_pid}"
+    db.execute(f"CREATE ROLE {role} LOGIN IN ROLE dispatch_reader")
+    viewer = psycopg.conninfo.make_conninfo(dsn, user=role)
+    proc = await ListenerProcess.start("--database-url", dsn, "--invoke-url", sink.template,
+                                       "--worker-id", "doctor-unseen")
+    try:
+        await proc.wait_event("listening")
+        with psycopg.connect(viewer) as conn:
+            seen = conn.execute("SELECT DISTINCT worker, listening FROM dispatch.listeners").fetchall()
+        assert seen == [("doctor-unseen", None)]  # unknown, not false
+        unseen = await asyncio.to_thread(run_cli, "doctor", "--json", url=viewer)
+        check = _check(unseen, "listeners")
+        assert check["status"] == "warn", check
+        assert check["detail"].endswith(
+            "of worker doctor-unseen, whose statements this role may not see: whether one listens is unknown")
+        assert f"GRANT pg_read_all_stats TO {role}" in check["fix"]
+
+        db.execute(f"GRANT pg_read_all_stats TO {role}")
+        seen_all = await asyncio.to_thread(run_cli, "doctor", "--json", url=viewer)
+        assert _check(seen_all, "listeners")["detail"] == "1 listening: doctor-unseen"
+    finally:
+        await proc.kill()
+        db.execute(f"DROP ROLE {role}")
+
+
 def test_schema_missing_or_behind(empty_database: str, cli: Callable[..., Result],
                                   db: psycopg.Connection) -> None:
     missing = run_cli("doctor", "--json", url=empty_database)
