@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import configparser
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -130,6 +131,11 @@ def test_unit_file_properties() -> None:
     assert service["ProtectSystem"] == "strict"
     text = UNIT.read_text()
     assert "LoadCredential=database-url:" in text and "LoadCredential=signing-secret:" in text
+    # The example URL names a role that may log in: one docs/install.md creates, not the group
+    # role dispatch_listener (NOLOGIN), with which the listener exits 2.
+    example = re.search(r"postgresql://([^@/]+)@", text)
+    assert example is not None
+    assert f"CREATE ROLE {example[1]} LOGIN" in (ROOT / "docs" / "install.md").read_text()
     # The listener drains within its grace period (25 s by default) before systemd kills it.
     assert int(service["TimeoutStopSec"]) > 25
 
