@@ -22,6 +22,7 @@ from dispatcher import __version__
 from dispatcher.cli.console import (
     APPLICATION_NAME,
     CONNECT_TIMEOUT_S,
+    InterruptibleConnection,
     add_connection_arguments,
     format_value,
     print_json,
@@ -52,8 +53,9 @@ class Check:
 
 
 def _connect(url: str) -> Conn:
-    conn = psycopg.connect(url, autocommit=True, row_factory=dict_row, application_name=APPLICATION_NAME,
-                           connect_timeout=CONNECT_TIMEOUT_S)
+    conn = InterruptibleConnection.connect(url, autocommit=True, row_factory=dict_row,
+                                           application_name=APPLICATION_NAME,
+                                           connect_timeout=CONNECT_TIMEOUT_S)
     conn.execute("SET TimeZone = 'UTC'")
     return conn
 
