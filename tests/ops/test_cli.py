@@ -37,6 +37,15 @@ def test_help_everywhere(command: list[str]) -> None:
     assert done.out.startswith("usage: pgdispatch")
 
 
+def test_listen_help_says_what_the_package_installs() -> None:
+    """uvloop is a dependency of the package (pyproject.toml), not an extra to install."""
+    done = run_cli("listen", "--help")
+    assert done.code == 0
+    text = " ".join(done.out.split())
+    assert "pgdispatch[uvloop]" not in text
+    assert "--event-loop LOOP auto (uvloop, which pip install brings with the package" in text
+
+
 def test_install_prints_what_it_did(empty_database: str) -> None:
     first = run_cli("install", "--json", url=empty_database)
     assert first.code == 0, first.err

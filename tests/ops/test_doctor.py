@@ -13,7 +13,7 @@ import pytest
 
 from dispatcher.migrations import migrations
 from dispatcher.notifications import PROBE_INTERVAL_S
-from tests.conftest import CLUSTER_DIR
+from tests.conftest import CLUSTER_DIR, ROOT
 from tests.listener.kit import ListenerProcess, Sink, until
 
 from .conftest import Result, run_cli
@@ -89,6 +89,11 @@ def test_fresh_install_without_job_or_listener(cli: Callable[..., Result], db: p
     assert f"fail  dispatch-tick job   no pg_cron job dispatch-tick runs in database {name}" in lines
     assert f"{'':26}fix: psql -d postgres -v dispatch_db={name} -f sql/pg_cron.sql" in lines
     assert lines[-1] == "2 failed"
+    # docs/operations.md shows this very case, for a database d: line for line after the
+    # connection (whose server version and port are the machine's), the schema's version included.
+    sample = (ROOT / "docs" / "operations.md").read_text().split("$ pgdispatch doctor\n", 1)[1]
+    sample_lines = sample.split("```", 1)[0].splitlines()
+    assert sample_lines[2:] == [line.replace(name, "d") for line in lines[2:]]
 
 
 def test_healthy_then_each_problem(cli: Callable[..., Result], db: psycopg.Connection,

@@ -21,6 +21,7 @@ from tests.listener.kit import until
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "pgdispatch.service"
+DOCS = "/usr/share/doc/pgdispatch"
 
 
 @pytest.fixture
@@ -138,6 +139,11 @@ def test_unit_file_properties() -> None:
     assert f"CREATE ROLE {example[1]} LOGIN" in (ROOT / "docs" / "install.md").read_text()
     # The listener drains within its grace period (25 s by default) before systemd kills it.
     assert int(service["TimeoutStopSec"]) > 25
+    # `systemctl status` shows the project's manual, which the install steps above put there.
+    unit = _unit()["Unit"]
+    assert unit["Documentation"] == f"file:{DOCS}/operations.md"
+    assert f"install -D -m 0644 -t {DOCS} docs/*.md" in text
+    assert f"install -D -m 0644 -t {DOCS} docs/*.md" in (ROOT / "docs" / "operations.md").read_text()
 
 
 def _unit_for_this_checkout(tmp_path: Path) -> Path:
