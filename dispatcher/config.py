@@ -97,8 +97,8 @@ OPTIONS: tuple[Option, ...] = (
            "text (one readable line per event) or json (one object per line, for a log shipper); "
            "default text when stderr is a terminal, else json", "FORMAT"),
     Option("event_loop", "--event-loop", "PGDISPATCH_EVENT_LOOP",
-           "auto (uvloop when it is installed: pip install 'pgdispatch[uvloop]'), uvloop or asyncio "
-           "(default auto)", "LOOP"),
+           "auto (uvloop, which pip install brings with the package where uvloop supports the "
+           "platform, else asyncio's own loop), uvloop or asyncio (default auto)", "LOOP"),
     Option("metrics_port", "--metrics-port", "PGDISPATCH_METRICS_PORT",
            "serve Prometheus metrics at http://HOST:PORT/metrics; a bare PORT listens on every "
            "interface (default: no metrics server)", "[HOST:]PORT"),

@@ -24,8 +24,8 @@ and the call sent again (Database._rows).
 
 Errors come in two kinds. DatabaseUnavailable: the database is down, unreachable or slow to
 answer; wait and retry. DatabaseMisconfigured: it answered, and the answer will not change by
-waiting (a wrong password, no such database or role, no pg_hba.conf entry, the dispatch schema
-missing or too old for this listener): say so once and stop.
+waiting (a wrong password, no such database or role, a role that may not log in, no pg_hba.conf
+entry, the dispatch schema missing or too old for this listener): say so once and stop.
 """
 
 from __future__ import annotations
@@ -135,9 +135,11 @@ _CLAIM = "SELECT * FROM dispatch.claim_runs(%s, %s, %s, %s)"
 # Connection failures carry no SQLSTATE, so the message is all there is; an unrecognised
 # failure counts as transient, and the listener waits for the database as before.
 _MISCONFIGURED = (
-    "password authentication failed",
-    "authentication failed for user",
-    "no pg_hba.conf entry",
+    "password authentication failed",  # 28P01
+    "authentication failed for user",  # 28000: peer, ident, ldap, cert ...
+    "no pg_hba.conf entry",  # 28000
+    "pg_hba.conf rejects connection",  # 28000
+    "is not permitted to log in",  # 28000: a NOLOGIN role, such as the group dispatch_listener
     "does not exist",  # database "x" / role "x"
     "no password supplied",
     "permission denied for database",
@@ -295,6 +297,10 @@ def classify(exc: psycopg.Error) -> DatabaseUnavailable | DatabaseMisconfigured:
     """The domain error for a psycopg error met connecting or calling."""
     message = _one_line(exc)
     if isinstance(exc, psycopg.OperationalError) and any(part in message for part in _MISCONFIGURED):
+        if "is not permitted to log in" in message:
+            message += " (the URL must name a login role granted dispatch_listener: docs/install.md, Roles)"
+        return DatabaseMisconfigured(message)
+    if (exc.sqlstate or "").startswith("28"):  # invalid authorization, when an error carries its SQLSTATE
         return DatabaseMisconfigured(message)
     if isinstance(exc, errors.InsufficientPrivilege):
         return DatabaseMisconfigured(f"{message} (grant the login role dispatch_listener)")

@@ -1,8 +1,9 @@
-"""Which event loop runs the listener: uvloop when it is installed (the extra
-`pgdispatch[uvloop]`), asyncio's own otherwise, or the one --event-loop names.
+"""Which event loop runs the listener: uvloop when it is installed (a dependency of the package
+where uvloop supports the platform: CPython, not on Windows), asyncio's own otherwise, or the one
+--event-loop names.
 
-uvloop is optional: the listener is correct on either loop, and asyncio's needs nothing compiled.
-On the dispatch benchmark uvloop's is the faster (docs/benchmarks.md has the figures).
+The listener is correct on either loop. On the dispatch benchmark uvloop's is the faster
+(docs/benchmarks.md has the figures).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     except ImportError:
         if choice == "uvloop":
             raise ConfigError("--event-loop / PGDISPATCH_EVENT_LOOP is uvloop, which is not installed: "
-                              "pip install 'pgdispatch[uvloop]', or use auto or asyncio") from None
+                              "pip install uvloop (where it supports the platform), or use auto or "
+                              "asyncio") from None
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory

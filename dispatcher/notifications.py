@@ -2,8 +2,8 @@
 
 A notification is only a wake-up (the listener re-reads the tables, and sweeps on a timer), so
 what matters is noticing when the session is gone. An idle session on a path that died silently
-raises nothing, so every PROBE_INTERVAL_S without a notification the session runs `SELECT 1`
-under a deadline; a failed probe, like any other failure, replaces the session. After every
+raises nothing, so every PROBE_INTERVAL_S without a notification the session is probed under a
+deadline; a failed probe, like any other failure, replaces the session. After every
 (re)connection `on_connected` runs: a NOTIFY sent while the session was away is gone, so the
 caller sweeps.
 
@@ -90,9 +90,10 @@ class Notifications:
             while True:
                 async for notify in conn.notifies(timeout=self._probe_interval_s):
                     self._on_notify(notify.payload)
-                # Quiet for a while: is anyone still there?
+                # Quiet for a while: is anyone still there? The probe is LISTEN again (a no-op):
+                # others know this session as listening by its last statement (dispatch.listeners).
                 async with asyncio.timeout(PROBE_TIMEOUT_S):
-                    await conn.execute("SELECT 1")
+                    await conn.execute(f"LISTEN {CHANNEL}")
         except TimeoutError:
             raise DatabaseUnavailable(f"no answer on the LISTEN session within {PROBE_TIMEOUT_S:g} s"
                                       ) from None

@@ -5190,7 +5190,10 @@ CREATE VIEW dispatch.listeners AS
     a.backend_start,
     a.state,
     a.state_change,
-    (a.query ~~ 'LISTEN%'::text) AS listening
+        CASE
+            WHEN (a.state <> 'disabled'::text) THEN (a.query ~~ 'LISTEN%'::text)
+            ELSE NULL::boolean
+        END AS listening
    FROM pg_stat_activity a
   WHERE ((a.datname = current_database()) AND (a.application_name ~~ 'pgdispatch%'::text));
 
@@ -5199,7 +5202,7 @@ CREATE VIEW dispatch.listeners AS
 -- Name: VIEW listeners; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON VIEW dispatch.listeners IS 'Listener connections to this database, found by application_name ''pgdispatch <worker id>''; listening marks each one''s LISTEN session.';
+COMMENT ON VIEW dispatch.listeners IS 'Listener connections to this database, found by application_name ''pgdispatch <worker id>''; listening marks each one''s LISTEN session (its last statement was LISTEN), NULL when this role may not see the session''s statement (another role''s session, without pg_read_all_stats; or track_activities off).';
 
 
 --

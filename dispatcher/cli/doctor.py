@@ -22,6 +22,7 @@ from dispatcher import __version__
 from dispatcher.cli.console import (
     APPLICATION_NAME,
     CONNECT_TIMEOUT_S,
+    InterruptibleConnection,
     add_connection_arguments,
     format_value,
     print_json,
@@ -52,8 +53,9 @@ class Check:
 
 
 def _connect(url: str) -> Conn:
-    conn = psycopg.connect(url, autocommit=True, row_factory=dict_row, application_name=APPLICATION_NAME,
-                           connect_timeout=CONNECT_TIMEOUT_S)
+    conn = InterruptibleConnection.connect(url, autocommit=True, row_factory=dict_row,
+                                           application_name=APPLICATION_NAME,
+                                           connect_timeout=CONNECT_TIMEOUT_S)
     conn.execute("SET TimeZone = 'UTC'")
     return conn
 
@@ -249,15 +251,33 @@ def _tick_runs(conn: Conn, url: str, state: _CronState) -> Check:
 
 def _listeners(conn: Conn) -> Check:
     row = _one(conn, "SELECT count(*) FILTER (WHERE listening) AS listening, count(*) AS sessions,"
-                     " array_agg(DISTINCT worker ORDER BY worker) FILTER (WHERE listening) AS workers"
+                     " array_agg(DISTINCT worker ORDER BY worker) FILTER (WHERE listening) AS workers,"
+                     " count(*) FILTER (WHERE listening IS NULL) AS unseen,"
+                     " array_agg(DISTINCT worker ORDER BY worker) FILTER (WHERE listening IS NULL)"
+                     "  AS unseen_workers,"
+                     " quote_ident(current_user) AS role"
                      " FROM dispatch.listeners")
-    if not row["listening"]:
-        extra = f" ({row['sessions']} pgdispatch sessions, none doing LISTEN)" if row["sessions"] else ""
-        return Check("listeners", "fail", f"no listener connected to this database{extra}: due runs wait",
-                     "start one: pgdispatch listen (or systemctl start pgdispatch; journalctl -u pgdispatch)")
-    workers = row["workers"] or []
-    shown = ", ".join(workers[:SHOWN]) + (f" and {len(workers) - SHOWN} more" if len(workers) > SHOWN else "")
-    return Check("listeners", "ok", f"{row['listening']} listening: {shown}")
+    if row["listening"]:
+        return Check("listeners", "ok", f"{row['listening']} listening: {_some(row['workers'] or [])}")
+    if row["unseen"]:
+        # Another role's sessions show their statements only to a superuser or pg_read_all_stats:
+        # sessions of a listener are there, whether one of them listens cannot be told.
+        workers = [worker or "-" for worker in row["unseen_workers"] or []]
+        sessions = f"{row['unseen']} pgdispatch session" + ("s" if row["unseen"] > 1 else "")
+        of = "worker" if len(workers) == 1 else "workers"
+        return Check("listeners", "warn",
+                     f"{sessions} of {of} {_some(workers)}, whose statements this role may not see: "
+                     "whether one listens is unknown",
+                     f"run doctor as a superuser or as the listeners' login role, or GRANT "
+                     f"pg_read_all_stats TO {row['role']}")
+    extra = f" ({row['sessions']} pgdispatch sessions, none doing LISTEN)" if row["sessions"] else ""
+    return Check("listeners", "fail", f"no listener connected to this database{extra}: due runs wait",
+                 "start one: pgdispatch listen (or systemctl start pgdispatch; journalctl -u pgdispatch)")
+
+
+def _some(names: list[str]) -> str:
+    """The first SHOWN names, and how many more."""
+    return ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
 
 
 def _overdue(conn: Conn) -> Check:

@@ -10,7 +10,9 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import NoReturn
 
@@ -148,6 +150,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit status: 0 done, 1 failed, 2 configuration or usage error."""
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C is KeyboardInterrupt (exit 130) even when the parent left SIGINT ignored, as a
+        # non-interactive shell does for a command started with `&`: Python keeps it ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     args = _parser().parse_args(argv)
     name = " ".join(part for part in (args.command, getattr(args, "action", None)) if part)
     try:

@@ -81,9 +81,12 @@ SELECT a.pid,
        a.backend_start,
        a.state,
        a.state_change,
-       a.query LIKE 'LISTEN%' AS listening
+       -- A listener's LISTEN session: its last statement was LISTEN (its probe repeats it). NULL
+       -- when this role may not see the statement (state is NULL: another role's session,
+       -- without pg_read_all_stats) or no one may (track_activities off): unknown, not false.
+       CASE WHEN a.state <> 'disabled' THEN a.query LIKE 'LISTEN%' END AS listening
 FROM pg_catalog.pg_stat_activity a
 WHERE a.datname = current_database()
   AND a.application_name LIKE 'pgdispatch%';
 COMMENT ON VIEW dispatch.listeners IS
-    'Listener connections to this database, found by application_name ''pgdispatch <worker id>''; listening marks each one''s LISTEN session.';
+    'Listener connections to this database, found by application_name ''pgdispatch <worker id>''; listening marks each one''s LISTEN session (its last statement was LISTEN), NULL when this role may not see the session''s statement (another role''s session, without pg_read_all_stats; or track_activities off).';

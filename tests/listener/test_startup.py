@@ -14,7 +14,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from dispatcher.database import SCHEMA_VERSION
+from dispatcher.database import SCHEMA_VERSION, DatabaseMisconfigured, DatabaseUnavailable, classify
 
 from .kit import ListenerProcess, Sink
 
@@ -88,6 +88,28 @@ async def test_an_unknown_database_or_role_exits_2_at_once(db: psycopg.Connectio
         took, proc = await start_and_expect_2(psycopg.conninfo.make_conninfo(**{**params, **changed}), sink)
         assert took < 5
         assert expected in the_line(proc)
+
+
+async def test_a_role_that_may_not_log_in_exits_2_at_once(db: psycopg.Connection, sink: Sink) -> None:
+    """The group role dispatch_listener may not log in (NOLOGIN, as the install makes it), and a
+    URL naming it is a configuration error like a wrong password: it was retried forever."""
+    row = db.execute("SELECT rolcanlogin FROM pg_roles WHERE rolname = 'dispatch_listener'").fetchone()
+    assert row == (False,)
+    url = psycopg.conninfo.make_conninfo(**{**db.info.get_parameters(), "user": "dispatch_listener"})
+    took, proc = await start_and_expect_2(url, sink)
+    assert took < 5
+    line = the_line(proc)
+    assert 'role "dispatch_listener" is not permitted to log in' in line
+    assert "the URL must name a login role granted dispatch_listener" in line  # what to do instead
+
+
+def test_an_authorization_error_with_its_sqlstate_is_a_configuration_error() -> None:
+    """Class 28 whatever its words (a server's lc_messages may translate them), when the error
+    carries its SQLSTATE; a connection failure's message is all libpq gives today."""
+    for error in (psycopg.errors.InvalidAuthorizationSpecification("Rolle darf sich nicht anmelden"),
+                  psycopg.errors.InvalidPassword("Passwort-Authentifizierung fehlgeschlagen")):
+        assert isinstance(classify(error), DatabaseMisconfigured)
+    assert isinstance(classify(psycopg.OperationalError("server closed the connection")), DatabaseUnavailable)
 
 
 async def test_a_missing_or_old_dispatch_schema_exits_2_at_once(db: psycopg.Connection, sink: Sink) -> None:

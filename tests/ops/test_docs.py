@@ -19,10 +19,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.conftest import PSQL, ROOT
+from tests.conftest import CLUSTER_DIR, PSQL, ROOT
 
 DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md")])
 BLOCK = re.compile(r"^```(sql|sh) runnable\n(.*?)^```", re.MULTILINE | re.DOTALL)
+FENCED = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
 
 
@@ -70,6 +71,23 @@ def test_relative_links_lead_somewhere(path: Path) -> None:
         if re.match(r"^[a-z]+:", target):
             continue  # http:, https:, mailto:
         assert (path.parent / target).exists(), f"{path.name} links to {target}, which does not exist"
+
+
+def test_the_readme_says_how_to_run_its_cli_example(scratch: str, tmp_path: Path) -> None:
+    """The README's command-line example, copied with the plain `sh` block right before it (if
+    any) into a shell that has neither the venv on its PATH nor PGDISPATCH_DATABASE_URL, as a
+    reader's terminal: it runs. The demo's cluster and database are this test's."""
+    blocks = FENCED.findall((ROOT / "README.md").read_text())
+    at = next(i for i, (_, code) in enumerate(blocks) if code.startswith("pgdispatch schedules add"))
+    kind, setup = blocks[at - 1]
+    setup = setup if kind == "sh" else ""
+    setup = setup.replace(".pgdata/demo", str(CLUSTER_DIR))
+    setup = setup.replace("pgdispatch_demo", scratch.rsplit("/", 1)[1])
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-s"], input=setup + blocks[at][1],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert "weekly-digest" in done.stdout
 
 
 def test_the_readme_is_short() -> None:

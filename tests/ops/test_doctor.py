@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,7 +12,9 @@ import psycopg.conninfo
 import pytest
 
 from dispatcher.migrations import migrations
-from tests.conftest import CLUSTER_DIR
+from dispatcher.notifications import PROBE_INTERVAL_S
+from tests.conftest import CLUSTER_DIR, ROOT
+from tests.listener.kit import ListenerProcess, Sink, until
 
 from .conftest import Result, run_cli
 
@@ -86,6 +89,11 @@ def test_fresh_install_without_job_or_listener(cli: Callable[..., Result], db: p
     assert f"fail  dispatch-tick job   no pg_cron job dispatch-tick runs in database {name}" in lines
     assert f"{'':26}fix: psql -d postgres -v dispatch_db={name} -f sql/pg_cron.sql" in lines
     assert lines[-1] == "2 failed"
+    # docs/operations.md shows this very case, for a database d: line for line after the
+    # connection (whose server version and port are the machine's), the schema's version included.
+    sample = (ROOT / "docs" / "operations.md").read_text().split("$ pgdispatch doctor\n", 1)[1]
+    sample_lines = sample.split("```", 1)[0].splitlines()
+    assert sample_lines[2:] == [line.replace(name, "d") for line in lines[2:]]
 
 
 def test_healthy_then_each_problem(cli: Callable[..., Result], db: psycopg.Connection,
@@ -147,6 +155,68 @@ def test_healthy_then_each_problem(cli: Callable[..., Result], db: psycopg.Conne
     assert check["status"] == "fail"
     assert check["detail"].endswith("failed: ERROR: permission denied for schema dispatch")
     assert "cron.job_run_details WHERE jobid = " in check["fix"]
+
+
+async def test_a_real_listener_past_its_probe_is_listening(
+        cli: Callable[..., Result], db: psycopg.Connection, dsn: str, sink: Sink,
+        tick_job: Callable[[str, str], None]) -> None:
+    """A quiet listener probes its LISTEN session every PROBE_INTERVAL_S, and other sessions see
+    the probe as that session's last statement: the probe must not make the listener look gone
+    (it was SELECT 1, and doctor said "no listener connected" within 5 s of a listener's start)."""
+    tick_job("succeeded", "1 row")
+    proc = await ListenerProcess.start("--database-url", dsn, "--invoke-url", sink.template,
+                                       "--worker-id", "doctor-real")
+    try:
+        await proc.wait_event("listening")
+        row = db.execute("SELECT pid, state_change FROM pg_stat_activity WHERE application_name = %s"
+                         " AND query LIKE 'LISTEN%%'", ("pgdispatch doctor-real",)).fetchone()
+        assert row is not None
+        pid, listened_at = row
+
+        def probed() -> bool:  # the session's next statement is its probe: nothing notifies here
+            changed = db.execute("SELECT state_change FROM pg_stat_activity WHERE pid = %s",
+                                 (pid,)).fetchone()
+            return changed is not None and changed[0] > listened_at
+
+        await until(probed, within=PROBE_INTERVAL_S + 10, interval=0.1, what="the LISTEN session's probe")
+        assert db.execute("SELECT listening FROM dispatch.listeners WHERE pid = %s",
+                          (pid,)).fetchall() == [(True,)]
+        done = await asyncio.to_thread(cli, "doctor", "--json")
+        assert _check(done, "listeners") == {
+            "name": "listeners", "status": "ok", "detail": "1 listening: doctor-real", "fix": ""}
+        assert done.code == 0, done.out
+    finally:
+        await proc.kill()
+
+
+async def test_a_role_that_may_not_see_the_listeners_statements(
+        db: psycopg.Connection, dsn: str, sink: Sink) -> None:
+    """pg_stat_activity shows another role's session's statement only to a superuser or a member
+    of pg_read_all_stats: a doctor run by an operator's role (dispatch_reader) cannot tell a
+    listener's LISTEN session from its pool, and must not say that no listener is connected."""
+    role = f"doctor_viewer_{db.info.backend_pid}"
+    db.execute(f"CREATE ROLE {role} LOGIN IN ROLE dispatch_reader")
+    viewer = psycopg.conninfo.make_conninfo(dsn, user=role)
+    proc = await ListenerProcess.start("--database-url", dsn, "--invoke-url", sink.template,
+                                       "--worker-id", "doctor-unseen")
+    try:
+        await proc.wait_event("listening")
+        with psycopg.connect(viewer) as conn:
+            seen = conn.execute("SELECT DISTINCT worker, listening FROM dispatch.listeners").fetchall()
+        assert seen == [("doctor-unseen", None)]  # unknown, not false
+        unseen = await asyncio.to_thread(run_cli, "doctor", "--json", url=viewer)
+        check = _check(unseen, "listeners")
+        assert check["status"] == "warn", check
+        assert check["detail"].endswith(
+            "of worker doctor-unseen, whose statements this role may not see: whether one listens is unknown")
+        assert f"GRANT pg_read_all_stats TO {role}" in check["fix"]
+
+        db.execute(f"GRANT pg_read_all_stats TO {role}")
+        seen_all = await asyncio.to_thread(run_cli, "doctor", "--json", url=viewer)
+        assert _check(seen_all, "listeners")["detail"] == "1 listening: doctor-unseen"
+    finally:
+        await proc.kill()
+        db.execute(f"DROP ROLE {role}")
 
 
 def test_schema_missing_or_behind(empty_database: str, cli: Callable[..., Result],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import configparser
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from tests.listener.kit import until
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "pgdispatch.service"
+DOCS = "/usr/share/doc/pgdispatch"
 
 
 @pytest.fixture
@@ -130,8 +132,18 @@ def test_unit_file_properties() -> None:
     assert service["ProtectSystem"] == "strict"
     text = UNIT.read_text()
     assert "LoadCredential=database-url:" in text and "LoadCredential=signing-secret:" in text
+    # The example URL names a role that may log in: one docs/install.md creates, not the group
+    # role dispatch_listener (NOLOGIN), with which the listener exits 2.
+    example = re.search(r"postgresql://([^@/]+)@", text)
+    assert example is not None
+    assert f"CREATE ROLE {example[1]} LOGIN" in (ROOT / "docs" / "install.md").read_text()
     # The listener drains within its grace period (25 s by default) before systemd kills it.
     assert int(service["TimeoutStopSec"]) > 25
+    # `systemctl status` shows the project's manual, which the install steps above put there.
+    unit = _unit()["Unit"]
+    assert unit["Documentation"] == f"file:{DOCS}/operations.md"
+    assert f"install -D -m 0644 -t {DOCS} docs/*.md" in text
+    assert f"install -D -m 0644 -t {DOCS} docs/*.md" in (ROOT / "docs" / "operations.md").read_text()
 
 
 def _unit_for_this_checkout(tmp_path: Path) -> Path:
