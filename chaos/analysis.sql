@@ -219,4 +219,6 @@ WHERE EXISTS (SELECT 1 FROM open_request b
               WHERE b.project_id = a.project_id AND b.function_name = a.function_name AND b.opened = a.opened
                 AND b.key <> a.key AND b.arrived <= a.arrived AND b.done > a.arrived)
 UNION ALL
+SELECT 'samples with a project above its max_concurrency', count(*)::text FROM chaos.cap_excess
+UNION ALL
 SELECT 'claims', count(*)::text FROM chaos.claims;

@@ -75,6 +75,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PGDISPATCH = Path(sys.executable).parent / "pgdispatch"
 DBNAME = "chaos"
 BASELINE_MODE = {"fail": 0.02, "slow": 0.03}
+# Every capped project's running runs, in one snapshot; those above their cap are kept.
+_CAP_SAMPLE = ("INSERT INTO chaos.cap_excess (at, project_id, running, cap)"
+               " SELECT now(), p.project_id, count(*), p.max_concurrency FROM dispatch.projects p"
+               " JOIN dispatch.runs r ON r.project_id = p.project_id AND r.status = 'running'"
+               " WHERE p.max_concurrency IS NOT NULL GROUP BY p.project_id, p.max_concurrency"
+               " HAVING count(*) > p.max_concurrency")
 WINDOW_MODES = {"sink_fail": {"fail": 0.6}, "sink_hang": {"hang": 0.25}, "sink_reset": {"reset": 0.3},
                 "sink_slow": {"slow": 0.7}}
 
@@ -363,6 +369,7 @@ class Harness:
         self.sink = SinkProcess(self.workdir, hang_s=profile.timeout_s + 3)
         self.listeners: list[ListenerProcess] = []
         self.next_worker = 1
+        self.cap_samples = 0  # the driver's samples of the capped projects (_CAP_SAMPLE)
         self.faults: list[tuple[str, str, float, float | None]] = []
         self.restarts: list[tuple[float, float]] = []  # (began, up again)
         self.crashed: list[str] = []
@@ -415,6 +422,10 @@ class Harness:
             if p.burst_cap:
                 conn.execute("INSERT INTO dispatch.projects (project_id, max_concurrency)"
                              " VALUES ('burst', %s)", (p.burst_cap,))
+            # weights and a second cap among the small tenants: claims share by weight and keep
+            # every cap while listeners are killed and the database restarts
+            conn.execute("INSERT INTO dispatch.projects (project_id, weight, max_concurrency)"
+                         " VALUES ('p1', 3, NULL), ('p2', 2, 8)")
             conn.execute(
                 "INSERT INTO chaos.params (base, last_slot, minutes, lease_s)"
                 " SELECT b, b + make_interval(mins => %s), %s, %s"
@@ -618,6 +629,8 @@ class Harness:
                 try:
                     conn.execute("SELECT dispatch.tick(%s::timestamptz + make_interval(mins => %s))",
                                  (self.base, minute))
+                    conn.execute(_CAP_SAMPLE)
+                    self.cap_samples += 1
                     # A loaded machine injects late (a kill waits for requests in flight, a
                     # restart for the server): the whole plan is carried out before the drain.
                     if elapsed >= duration_s and not faults.is_alive():
@@ -877,6 +890,7 @@ class Harness:
             ", ".join(f"{t:.2f}" for t in back) or "n/a")
         figures["each listener's own first claimed run after each restart (s, not judged)"] = (
             ", ".join(f"{t:.2f}" for t in own_claim) or "n/a")
+        figures["samples of the capped projects' running runs"] = str(self.cap_samples)
         figures["wall time (s)"] = f"{wall_s:.0f}"
 
         failures = []
@@ -902,6 +916,7 @@ class Harness:
         must_be("finished runs without exactly one matching audit row", "0")
         must_be("schedules left stuck (next_run_at not one minute past the last slot, or a run open)", "0")
         must_be("listeners that exited on their own", "0")
+        must_be("samples with a project above its max_concurrency", "0")
         for first in self.first_outcomes:
             if first > self.profile.resume_goal_s:
                 failures.append(f"the first outcome on a new primary came {first:.2f} s after the promotion "

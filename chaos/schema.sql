@@ -36,6 +36,15 @@ CREATE TABLE chaos.listeners (
     started float8 NOT NULL   -- Unix seconds
 );
 
+-- A project above its max_concurrency, as the driver's samples saw it (one statement's snapshot:
+-- only committed claims and outcomes): never expected.
+CREATE TABLE chaos.cap_excess (
+    at         timestamptz NOT NULL,
+    project_id text NOT NULL,
+    running    bigint NOT NULL,
+    cap        integer NOT NULL
+);
+
 CREATE TABLE chaos.claims (
     run_id  bigint NOT NULL,
     worker  text NOT NULL,
