@@ -21,7 +21,8 @@ import pytest
 
 from tests.conftest import CLUSTER_DIR, PSQL, ROOT
 
-DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md")])
+DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md",
+               *(ROOT / "docs").rglob("*.md")])
 BLOCK = re.compile(r"^```(sql|sh) runnable\n(.*?)^```", re.MULTILINE | re.DOTALL)
 FENCED = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
@@ -92,3 +93,17 @@ def test_the_readme_says_how_to_run_its_cli_example(scratch: str, tmp_path: Path
 
 def test_the_readme_is_short() -> None:
     assert len((ROOT / "README.md").read_bytes()) <= 10_000
+
+
+def test_the_changelog_starts_with_this_version() -> None:
+    """The newest entry of CHANGELOG.md is the version `pgdispatch --version` prints, and every
+    example of that line in the docs is what the command prints."""
+    printed = subprocess.run([str(Path(sys.executable).parent / "pgdispatch"), "--version"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    version = re.fullmatch(r"pgdispatch (\S+) \(schema version \d+.*\)", printed)
+    assert version is not None, printed
+    entries = re.findall(r"^## \[([^\]]+)\]", (ROOT / "CHANGELOG.md").read_text(), re.MULTILINE)
+    assert entries and entries[0] == version[1], entries
+    for path in DOCS:
+        for example in re.findall(r"pgdispatch \d+\.\d+\S* \(schema version [^)]*\)", path.read_text()):
+            assert example == printed, f"{path.name} shows {example!r}, pgdispatch --version {printed!r}"
