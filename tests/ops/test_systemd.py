@@ -170,9 +170,9 @@ def test_unit_file_properties(path: Path, etc: str) -> None:
     assert int(service["TimeoutStopSec"]) > 25
     # `systemctl status` shows the project's manual, which the install steps above put there.
     unit = _unit(path)["Unit"]
-    assert unit["Documentation"] == f"file:{DOCS}/operations.md"
+    assert unit["Documentation"] == f"file:{DOCS}/deployment.md"
     assert f"install -D -m 0644 -t {DOCS} docs/*.md" in text
-    assert f"install -D -m 0644 -t {DOCS} docs/*.md" in (ROOT / "docs" / "operations.md").read_text()
+    assert f"install -D -m 0644 -t {DOCS} docs/*.md" in (ROOT / "docs" / "deployment.md").read_text()
 
 
 def test_the_template_is_the_unit_with_an_instance_folder() -> None:
