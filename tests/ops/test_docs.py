@@ -1,5 +1,6 @@
 """The docs' own check: every example marked runnable runs, every relative link leads somewhere,
-and the README stays short.
+the README stays short, and docs/quickstart.md, followed step by step with a real listener and
+function, gets its first call and a clean `pgdispatch doctor`.
 
 A fenced block whose info string is `sql runnable` or `sh runnable` is run, in document order,
 against a database of its own per file with sql/install.sql applied: SQL blocks by psql (as
@@ -8,10 +9,14 @@ PGDISPATCH_DATABASE_URL pointing at that database."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,3 +112,101 @@ def test_the_changelog_starts_with_this_version() -> None:
     for path in DOCS:
         for example in re.findall(r"pgdispatch \d+\.\d+\S* \(schema version [^)]*\)", path.read_text()):
             assert example == printed, f"{path.name} shows {example!r}, pgdispatch --version {printed!r}"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _started(command: str, env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(["bash", "-e", "-c", command], env=env, cwd=cwd, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_for(what: str, predicate: object, within: float) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"no {what} within {within:g} s"
+        time.sleep(0.1)
+
+
+def test_the_quickstart_gets_its_first_call(scratch: str, tmp_path: Path) -> None:
+    """docs/quickstart.md's commands, in order, as a reader runs them: the test database stands
+    for `db.internal/app`, a free port for 8080, a role of its own for listener_1. The
+    function prints the call, `schedules run --wait` sees it ok, and `pgdispatch doctor`
+    passes with the listener named."""
+    blocks = [(kind, code) for kind, code in FENCED.findall((ROOT / "docs" / "quickstart.md").read_text())
+              if kind in ("sh", "sql")]
+    port, dbname = re.fullmatch(r"postgresql://postgres@127\.0\.0\.1:(\d+)/(\w+)", scratch).groups()  # type: ignore[union-attr]
+    role, function_port = f"qs_{uuid.uuid4().hex[:8]}", str(_free_port())
+    where = f"127.0.0.1:{port}/{dbname}"
+
+    def ours(code: str) -> str:
+        return (code.replace("postgresql://postgres@db.internal/app", scratch)
+                .replace("@db.internal/app", f"@{where}").replace("listener_1", role)
+                .replace("8080", function_port))
+
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PGDISPATCH_DATABASE_URL": scratch,
+           "HOME": str(tmp_path), "PGHOST": "127.0.0.1", "PGPORT": port, "PGUSER": "postgres"}
+
+    def run(code: str, cwd: Path = tmp_path) -> str:
+        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", code], capture_output=True, text=True,
+                              env=env, cwd=cwd, timeout=120)
+        assert done.returncode == 0, f"{code}\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    started: list[subprocess.Popen[bytes]] = []
+    schedule_id = ""
+    function_log, listener_log = tmp_path / "function.log", tmp_path / "listener.log"
+    # pg_cron's jobs are a role's across the cluster: registering them waits for the other
+    # modules that do (tests/conftest.py).
+    with (CLUSTER_DIR / "cluster-wide.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            for kind, code in blocks:
+                code = ours(code)
+                if "export PGDISPATCH_DATABASE_URL" in code:
+                    continue  # the reader's set-up: the test's environment says the same
+                if kind == "sql":
+                    run(f"{PSQL} -X -v ON_ERROR_STOP=1 -d '{scratch}' <<'SQL'\n{code}SQL\n")
+                elif code.startswith("pgdispatch install"):
+                    printed = run(code)
+                    register = re.search(r"register the jobs there with (psql .*)$", printed, re.MULTILINE)
+                    if register:  # "run it", from the checkout
+                        run(register[1], cwd=ROOT)
+                elif "pgdispatch demo-function" in code:
+                    setup, command = code.split("pgdispatch demo-function", 1)
+                    run(setup)
+                    started.append(_started("exec pgdispatch demo-function" + command, env, tmp_path,
+                                            function_log))
+                    _wait_for("function", lambda: "demo function on" in function_log.read_text(), 30)
+                elif code.startswith("pgdispatch listen"):
+                    started.append(_started("exec " + code, env, tmp_path, listener_log))
+                    _wait_for("LISTEN", lambda: '"event": "listening"' in listener_log.read_text(), 30)
+                elif code.startswith("pgdispatch schedules add"):
+                    schedule_id = re.findall(r"^added schedule (\S+)$", run(code), re.MULTILINE)[0]
+                elif code.startswith("pgdispatch schedules run"):
+                    out = run(re.sub(r"\bID\b", schedule_id, code))
+                    assert re.search(r"^run \d+: ok after 1 attempt, HTTP 200$", out, re.MULTILINE), out
+                    assert "quickstart/hello run" in function_log.read_text()
+                    assert "signature ok" in function_log.read_text()
+                elif code.startswith("pgdispatch doctor"):
+                    done = subprocess.run(["bash", "-c", code], capture_output=True, text=True, env=env,
+                                          cwd=tmp_path, timeout=120)
+                    assert done.returncode == 0, done.stdout + done.stderr
+                    assert re.search(r"^ok +listeners +1 listening", done.stdout, re.MULTILINE), done.stdout
+                else:
+                    run(code)
+            assert schedule_id and "pgdispatch doctor" in "".join(code for _, code in blocks)
+        finally:
+            for process in started:
+                os.killpg(process.pid, signal.SIGTERM)
+            for process in started:
+                process.wait(timeout=30)
+            with psycopg.connect(scratch.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+                admin.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE database = %s", (dbname,))
+                admin.execute(f'DROP ROLE IF EXISTS "{role}"')
