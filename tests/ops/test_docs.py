@@ -1,6 +1,7 @@
-"""The docs' own check: every example marked runnable runs, every relative link leads somewhere,
-the README stays short, and docs/quickstart.md, followed step by step with a real listener and
-function, gets its first call and a clean `pgdispatch doctor`.
+"""The docs' own check: every example marked runnable runs, every relative link leads somewhere
+(a section's to one of its page's headings), the README stays short, the pages carry no
+history, and docs/quickstart.md, followed step by step with a real listener and function, gets
+its first call and a clean `pgdispatch doctor`.
 
 A fenced block whose info string is `sql runnable` or `sh runnable` is run, in document order,
 against a database of its own per file with sql/install.sql applied: SQL blocks by psql (as
@@ -79,6 +80,27 @@ def test_relative_links_lead_somewhere(path: Path) -> None:
         assert (path.parent / target).exists(), f"{path.name} links to {target}, which does not exist"
 
 
+def _anchors(path: Path) -> set[str]:
+    """The anchors of a page's headings, as GitHub makes them (a repeated one gets -1, -2, …)."""
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} (.+)$", FENCED_BLOCK.sub("", path.read_text()), re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in DOCS if p.exists()], ids=lambda p: str(p.relative_to(ROOT)))
+def test_anchors_lead_to_a_heading(path: Path) -> None:
+    """A link to page.md#section (or #section on the same page) names a heading of that page."""
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", path.read_text()):
+        if re.match(r"^[a-z]+:", target) or not (target or path.name).endswith(".md"):
+            continue
+        page = path.parent / target if target else path
+        assert anchor in _anchors(page), f"{path.name} links to {target}#{anchor}: no such heading"
+
+
 def test_the_readme_says_how_to_run_its_cli_example(scratch: str, tmp_path: Path) -> None:
     """The README's command-line example, copied with the plain `sh` block right before it (if
     any) into a shell that has neither the venv on its PATH nor PGDISPATCH_DATABASE_URL, as a
@@ -119,7 +141,12 @@ def test_pages_carry_no_history(path: Path) -> None:
 
 
 def test_the_readme_is_short() -> None:
-    assert len((ROOT / "README.md").read_bytes()) <= 10_000
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= 10_000
+    # Its figures are one paragraph of four lines at most; the manual has the rest.
+    figures = [paragraph for paragraph in text.split("\n\n") if "runs/s" in paragraph]
+    assert len(figures) == 1 and len(figures[0].strip().splitlines()) <= 4, figures
+    assert "(docs/benchmarks.md)" in figures[0]
 
 
 def test_the_changelog_starts_with_this_version() -> None:
