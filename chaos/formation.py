@@ -41,8 +41,8 @@ _BINDIR = subprocess.run([str(ROOT / "scripts" / "pg-cluster"), "bindir"], check
                          text=True).stdout.strip()
 PGBIN = Path(os.environ.get("PGBIN") or _BINDIR)
 
-# The monitor's health checks, tuned (docs/operations.md, "High availability with
-# pg_auto_failover"). With the defaults the monitor gives up on a silent primary after 20 s
+# The monitor's health checks, tuned (docs/deployment.md, "The timing, and what
+# to tune"). With the defaults the monitor gives up on a silent primary after 20 s
 # (node_considered_unhealthy_timeout) and then waits primary_demote_timeout (30 s) for it to
 # demote itself before the standby may take writes: 51 s from a host's death to the first
 # outcome. These make it 5 s + 10 s. What they trade away: a primary whose keeper misses 5 s of

@@ -49,7 +49,8 @@ def set_up(db: psycopg.Connection, ps: list[Project], cursor: str) -> None:
     for p in ps:
         db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
                    " SELECT %s, 'fn', '* * * * *' FROM generate_series(1, %s)", (p.name, p.due + p.running))
-    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now() - interval '1 minute')")
+    db.execute("UPDATE dispatch.schedules"
+               " SET next_run_at = date_trunc('minute', now() - interval '1 minute')")
     db.execute("SELECT dispatch.tick()")
     for p in ps:
         db.execute("UPDATE dispatch.runs SET status = 'running', attempt = 1, worker = 'other',"
@@ -57,8 +58,8 @@ def set_up(db: psycopg.Connection, ps: list[Project], cursor: str) -> None:
                    " WHERE id IN (SELECT id FROM dispatch.runs WHERE project_id = %s ORDER BY id LIMIT %s)",
                    (p.name, p.running))
         if p.cap is not None or p.weight != 1:
-            db.execute("INSERT INTO dispatch.projects (project_id, max_concurrency, weight) VALUES (%s, %s, %s)",
-                       (p.name, p.cap, p.weight))
+            db.execute("INSERT INTO dispatch.projects (project_id, max_concurrency, weight)"
+                       " VALUES (%s, %s, %s)", (p.name, p.cap, p.weight))
     db.execute("SELECT set_config('dispatch.claim_cursor', %s, false)", (cursor,))
 
 
@@ -84,7 +85,8 @@ def claim_projects(db: psycopg.Connection, n: int) -> Counter[str]:
 
 
 CURSORS = st.sampled_from(["", "p0", "p35", "p5", "p9", "q"])
-SETTINGS = settings(max_examples=int(os.environ.get("PGDISPATCH_CLAIM_WALK_EXAMPLES", "80")), deadline=None, database=None,
+SETTINGS = settings(max_examples=int(os.environ.get("PGDISPATCH_CLAIM_WALK_EXAMPLES", "80")), deadline=None,
+                    database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 

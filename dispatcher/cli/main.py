@@ -22,7 +22,8 @@ from dispatcher import __version__
 from dispatcher.cli import admin, breakers, demo_function, doctor, projects
 from dispatcher.cli.console import CommandError, UsageError, add_connection_arguments, print_json
 from dispatcher.config import OPTIONS, ConfigError, load_settings, resolve_database_url
-from dispatcher.migrations import install
+from dispatcher.database import SCHEMA_VERSION
+from dispatcher.migrations import install, migrations
 
 __all__ = ["main"]
 
@@ -36,6 +37,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def _version_line() -> str:
+    """What `pgdispatch --version` prints: the package and the schema version its install brings
+    (and doctor expects), with the oldest a listener accepts when that is an older one."""
+    schema = max(migration.version for migration in migrations())
+    line = f"pgdispatch {__version__} (schema version {schema}"
+    if schema > SCHEMA_VERSION:
+        line += f"; listen accepts {SCHEMA_VERSION} or later"
+    return line + ")"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = _Parser(
         prog="pgdispatch",
@@ -45,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
                     "PGDISPATCH_DATABASE_URL.",
         epilog="Run `pgdispatch COMMAND --help` for a command's options. Exit status: 0 done, 1 failed, "
                "2 a usage error or input the database refuses. Documentation: docs/ in the source tree.")
-    parser.add_argument("--version", action="version", version=f"pgdispatch {__version__}")
+    parser.add_argument("--version", action="version", version=_version_line(),
+                        help="print the package version and the schema version it installs, and exit")
     commands = parser.add_subparsers(dest="command", required=True)
 
     install_cmd = commands.add_parser(

@@ -37,6 +37,23 @@ def test_help_everywhere(command: list[str]) -> None:
     assert done.out.startswith("usage: pgdispatch")
 
 
+def test_version_names_the_package_and_the_schema() -> None:
+    """`pgdispatch --version`: the package's version and the schema version its install brings,
+    which doctor expects and a listener accepts (docs/upgrading.md)."""
+    from dispatcher import __version__
+    from dispatcher.database import SCHEMA_VERSION
+    from dispatcher.migrations import migrations
+
+    schema = migrations()[-1].version
+    assert schema >= SCHEMA_VERSION  # a listener never needs a migration the package lacks
+    done = run_cli("--version")
+    assert done.code == 0, done.err
+    expected = f"pgdispatch {__version__} (schema version {schema}"
+    if schema > SCHEMA_VERSION:
+        expected += f"; listen accepts {SCHEMA_VERSION} or later"
+    assert done.out == expected + ")\n"
+
+
 def test_listen_help_says_what_the_package_installs() -> None:
     """uvloop is a dependency of the package (pyproject.toml), not an extra to install."""
     done = run_cli("listen", "--help")

@@ -89,9 +89,9 @@ def test_fresh_install_without_job_or_listener(cli: Callable[..., Result], db: p
     assert f"fail  dispatch-tick job   no pg_cron job dispatch-tick runs in database {name}" in lines
     assert f"{'':26}fix: psql -d postgres -v dispatch_db={name} -f sql/pg_cron.sql" in lines
     assert lines[-1] == "2 failed"
-    # docs/operations.md shows this very case, for a database d: line for line after the
+    # docs/monitoring.md shows this very case, for a database d: line for line after the
     # connection (whose server version and port are the machine's), the schema's version included.
-    sample = (ROOT / "docs" / "operations.md").read_text().split("$ pgdispatch doctor\n", 1)[1]
+    sample = (ROOT / "docs" / "monitoring.md").read_text().split("$ pgdispatch doctor\n", 1)[1]
     sample_lines = sample.split("```", 1)[0].splitlines()
     assert sample_lines[2:] == [line.replace(name, "d") for line in lines[2:]]
 
