@@ -124,9 +124,6 @@ COMMIT = re.compile(r"(?<![\w-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,4
 HISTORY = re.compile(r"(?<![\w&/])#\d+\b|\b(?:issue|pull request|PR)s? #?\d+|\bround \d", re.IGNORECASE)
 FENCED_BLOCK = re.compile(r"^```[^\n]*\n.*?^```", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
-# Known occurrences on pages being rewritten elsewhere: each must still be there (so that its
-# entry goes when it does), and nothing else may be.
-KNOWN = {"docs/guarantees.md": ["round 3"]}
 
 
 @pytest.mark.parametrize("path", [p for p in DOCS if p.exists() and p.name != "CONTRIBUTING.md"],
@@ -136,8 +133,7 @@ def test_pages_carry_no_history(path: Path) -> None:
     text = path.read_text()
     prose = CODE_SPAN.sub("``", FENCED_BLOCK.sub("", text))
     found = [match[0] for match in COMMIT.finditer(text)] + [match[0] for match in HISTORY.finditer(prose)]
-    known = KNOWN.get(str(path.relative_to(ROOT)), [])
-    assert sorted(found) == sorted(known), f"{path.name}: {found}"
+    assert found == [], f"{path.name}: {found}"
 
 
 def test_the_readme_is_short() -> None:
