@@ -93,8 +93,10 @@ def _parser() -> argparse.ArgumentParser:
         "demo",
         help="start a private PostgreSQL, a demo function and a listener, and show dispatches",
         description="Start a private PostgreSQL with pg_cron in DIR, install the schema, register "
-        "the pg_cron job, serve a demo function on loopback that prints each call, add a few "
-        "schedules and run the listener in the foreground. Ctrl-C stops all of it.",
+        "the pg_cron jobs, serve a demo function on loopback that prints each call, add a few "
+        "schedules (one every 10 s: the first call comes within seconds) and run the listener in the "
+        "foreground. Ctrl-C stops all of it. The next start keeps the database, its port and the "
+        "schedules added to it; a second demo in the same DIR is refused.",
     )
     demo_cmd.add_argument("--dir", type=Path, default=Path(".pgdata/demo"),
                           help="folder of the private cluster (default .pgdata/demo)")
