@@ -515,13 +515,13 @@ def _wait_for_a_run(dsn: str, sid: str, *, sigint: Callable[..., object] | int) 
                             preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
 
 
-def _interrupted(waiting: subprocess.Popen[str]) -> tuple[int, str]:
-    """SIGINT, then the exit status and stderr; fails when the command outlives INTERRUPTED_WITHIN_S."""
+def _interrupted(waiting: subprocess.Popen[str], within_s: float = INTERRUPTED_WITHIN_S) -> tuple[int, str]:
+    """SIGINT, then the exit status and stderr; fails when the command outlives within_s."""
     waiting.send_signal(signal.SIGINT)
     try:
-        _, err = waiting.communicate(timeout=INTERRUPTED_WITHIN_S)
+        _, err = waiting.communicate(timeout=within_s)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"still running {INTERRUPTED_WITHIN_S} s after SIGINT")
+        pytest.fail(f"still running {within_s} s after SIGINT")
     finally:
         if waiting.poll() is None:  # never left for the next test to find, whatever failed here
             waiting.kill()
@@ -539,10 +539,12 @@ def _schedule(db: psycopg.Connection) -> str:
 @pytest.mark.parametrize("after_s", [0.0, 0.05, 0.2], ids=lambda s: f"{s:g}s after start")
 def test_ctrl_c_right_after_start(db: psycopg.Connection, dsn: str, after_s: float) -> None:
     """Before the interpreter's handler (killed by SIGINT), during the imports or while connecting
-    (KeyboardInterrupt): the command ends at once either way."""
+    (KeyboardInterrupt): the command ends either way. The bound allows for an interpreter still
+    loading its modules on a busy machine (a signal is handled between bytecodes, not inside an
+    extension module's initialisation); the wait itself is held to a second below."""
     waiting = _wait_for_a_run(dsn, _schedule(db), sigint=signal.SIG_DFL)
     time.sleep(after_s)
-    code, _ = _interrupted(waiting)
+    code, _ = _interrupted(waiting, within_s=5.0)
     assert code in (130, -signal.SIGINT)
 
 
