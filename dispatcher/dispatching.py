@@ -56,6 +56,7 @@ class Dispatcher:
         self._stopping = stopping
         self._queue: asyncio.Queue[Run] = asyncio.Queue()
         self._wake = asyncio.Event()  # claim now
+        self._short = False  # the last claim took fewer runs than there was room for
         self._slot_freed = asyncio.Event()
         self._unstarted: list[Run] = []  # to hand back
         self._release = asyncio.Event()
@@ -67,6 +68,13 @@ class Dispatcher:
 
     def slot_freed(self) -> None:
         self._slot_freed.set()
+
+    def outcome_recorded(self) -> None:
+        """One of this listener's runs left running: after a short claim, claim again (the place
+        it held under its project's cap is free, and nothing else would say so)."""
+        if self._short:
+            self._short = False
+            self.wake()
 
     # -- claiming -----------------------------------------------------------------------------
 
@@ -124,10 +132,12 @@ class Dispatcher:
                 if runs:
                     logger.debug("claimed %d run%s", len(runs), "" if len(runs) == 1 else "s",
                                  extra={"event": "runs_claimed", "count": len(runs)})
-                # Only a claim that found nothing means nothing is left for this listener now: a
-                # short one may have stopped at a cap or a row another claimer held.
-                if not runs:
+                if len(runs) < free:
+                    # A claim comes back short at a project's max_concurrency or at a row another
+                    # claimer held: this listener's next outcome, which frees a place, claims again.
+                    self._short = True
                     break
+                self._short = False
 
     # -- invoking -----------------------------------------------------------------------------
 

@@ -206,6 +206,7 @@ class Listener:
         self._budget.recorded(count)
         if self._dispatcher is not None:
             self._dispatcher.slot_freed()
+            self._dispatcher.outcome_recorded()
 
     def _database_answered(self) -> None:
         self._completer.database_is_back()

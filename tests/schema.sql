@@ -3650,15 +3650,6 @@ BEGIN
         RETURNING x
     )
     SELECT array_agg(d.x) INTO finished FROM done d;
-    -- A place under a project's max_concurrency is free: claimers that left its runs for the cap
-    -- come back (a claim that finds nothing more is cheap; a run waiting for a sweep is not).
-    IF EXISTS (SELECT 1 FROM dispatch.projects p
-               WHERE p.max_concurrency IS NOT NULL
-                 AND p.project_id IN (SELECT f.project_id FROM unnest(finished) f
-                                      UNION ALL
-                                      SELECT x.project_id FROM dispatch.runs x WHERE x.id = ANY (retried_ids))) THEN
-        PERFORM pg_notify('dispatch', 'capped');
-    END IF;
 
     RETURN QUERY
     SELECT i.id, f.run_id IS NOT NULL OR r.id IS NOT NULL, coalesce(f.advanced, false),
