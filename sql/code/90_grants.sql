@@ -10,17 +10,31 @@
 DO $$
 DECLARE
     r text;
+    what text;
 BEGIN
-    FOREACH r IN ARRAY ARRAY['dispatch_listener', 'dispatch_reader', 'dispatch_admin'] LOOP
+    FOR r, what IN SELECT v.r, v.what FROM (VALUES
+        ('dispatch_listener', 'pgdispatch listeners: tick, claim, complete and release runs through dispatch functions; no direct table writes.'),
+        ('dispatch_reader', 'pgdispatch read-only: SELECT on dispatch tables and views.'),
+        ('dispatch_admin', 'pgdispatch administrators: write schedule definitions and dispatch.settings, pause and resume, prune; read everything.')
+    ) AS v(r, what) LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) r) THEN
             EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', r);
+        END IF;
+        -- From PostgreSQL 16 on, CREATEROLE comments on a role only with ADMIN OPTION on it, which
+        -- the role that created it has: another installer leaves a comment that is already right.
+        IF pg_catalog.shobj_description((SELECT oid FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) r),
+                                        'pg_authid') IS DISTINCT FROM what THEN
+            BEGIN
+                EXECUTE pg_catalog.format('COMMENT ON ROLE %I IS %L', r, what);
+            EXCEPTION WHEN insufficient_privilege THEN
+                RAISE NOTICE 'the comment on role % is left as it was: % has no ADMIN OPTION on it (PostgreSQL 16 '
+                             'and later ask for it); an install by a superuser or by the role that created it '
+                             'updates it', r, current_user;
+            END;
         END IF;
     END LOOP;
 END
 $$;
-COMMENT ON ROLE dispatch_listener IS 'pgdispatch listeners: tick, claim, complete and release runs through dispatch functions; no direct table writes.';
-COMMENT ON ROLE dispatch_reader IS 'pgdispatch read-only: SELECT on dispatch tables and views.';
-COMMENT ON ROLE dispatch_admin IS 'pgdispatch administrators: write schedule definitions and dispatch.settings, pause and resume, prune; read everything.';
 
 REVOKE ALL ON SCHEMA dispatch FROM PUBLIC, dispatch_listener, dispatch_reader, dispatch_admin;
 REVOKE ALL ON ALL TABLES IN SCHEMA dispatch FROM PUBLIC, dispatch_listener, dispatch_reader, dispatch_admin;
@@ -78,7 +92,15 @@ GRANT EXECUTE ON FUNCTION dispatch.explain(uuid, timestamptz) TO dispatch_reader
 -- (cron_spec, next_run_at, last_*, backoff_reason) nor the pause columns, which
 -- dispatch.pause() and dispatch.resume() set with the actor (invariant 5). A DELETE becomes the
 -- soft delete (invariant 4).
-GRANT dispatch_reader TO dispatch_admin;
+-- Granted once: from PostgreSQL 16 on, granting a role takes ADMIN OPTION on it, which only
+-- the role that created it has (or a superuser), not every later installer with CREATEROLE.
+DO $$
+BEGIN
+    IF NOT pg_catalog.pg_has_role('dispatch_admin', 'dispatch_reader', 'MEMBER') THEN
+        GRANT dispatch_reader TO dispatch_admin;
+    END IF;
+END
+$$;
 GRANT INSERT (id, project_id, function_name, cron_expression, timezone, args, enabled, max_attempts, retry_backoff,
               retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter)
     ON dispatch.schedules TO dispatch_admin;
