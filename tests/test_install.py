@@ -17,9 +17,12 @@ import psycopg
 import pytest
 
 from dispatcher.migrations import code_files, install, migrations
-from tests.conftest import PGBIN, PSQL, ROOT, psql
+from tests.conftest import HAS_PG_CRON, PG_MAJOR, PGBIN, PSQL, ROOT, psql
 
 SNAPSHOT = ROOT / "tests" / "schema.sql"
+# The major whose pg_dump wrote the snapshot. From 16 on, the same schema prints differently: a
+# view over one relation without its alias, and pg_dump 18 (the client there) adds SET lines.
+SNAPSHOT_MAJOR = "15"
 
 
 @pytest.fixture
@@ -67,11 +70,20 @@ def test_install_twice_changes_nothing(empty_db: str) -> None:
     assert int(recorded) == len(migrations())
 
 
+def pg_cron_said(out: str, dbname: str) -> bool:
+    """What an install says about pg_cron in the test cluster: where it lives (database postgres,
+    not this one), or, on a major without pg_cron, that nothing calls dispatch.tick()."""
+    if HAS_PG_CRON:
+        return ("pg_cron lives in database postgres: register the jobs there with psql -d postgres"
+                f" -v dispatch_db={dbname} -f sql/pg_cron.sql") in out
+    return ("pg_cron is not loaded (shared_preload_libraries): nothing calls dispatch.tick() every minute"
+            " nor prunes old runs. Listeners still tick on their own timers; to add the safety net install"
+            f" pg_cron (on Debian and Ubuntu: postgresql-{PG_MAJOR}-cron)") in out
+
+
 def test_install_says_where_pg_cron_is(empty_db: str) -> None:
     out = psql(empty_db, "-f", str(ROOT / "sql" / "install.sql")).stdout
-    # The test cluster runs pg_cron in database postgres, not in this one.
-    assert "pg_cron lives in database postgres: register the jobs there with" in out
-    assert f"psql -d postgres -v dispatch_db={empty_db} -f sql/pg_cron.sql" in out
+    assert pg_cron_said(out, empty_db), out
 
 
 def test_a_non_superuser_with_createrole_installs(db: psycopg.Connection) -> None:
@@ -85,8 +97,7 @@ def test_a_non_superuser_with_createrole_installs(db: psycopg.Connection) -> Non
         done = subprocess.run([PSQL, "-X", "-v", "ON_ERROR_STOP=1", "-d", url, "-f",
                                str(ROOT / "sql" / "install.sql")], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
-        assert ("pg_cron lives in database postgres: register the jobs there with psql -d postgres"
-                f" -v dispatch_db={name}") in done.stdout
+        assert pg_cron_said(done.stdout, name), done.stdout
         assert "ERROR" not in done.stderr and "WARNING" not in done.stderr
         assert psql(name, "-Atc", "SELECT dispatch.schema_version()").stdout.strip() == str(len(migrations()))
     finally:
@@ -164,6 +175,8 @@ def test_concurrent_installs_all_succeed_and_apply_each_migration_once(empty_db:
     assert psql(empty_db, "-f", str(ROOT / "sql" / "install.sql")).returncode == 0
 
 
+@pytest.mark.skipif(PG_MAJOR != SNAPSHOT_MAJOR, reason=f"tests/schema.sql is PostgreSQL {SNAPSHOT_MAJOR}'s"
+                    " pg_dump (the other dump tests compare dumps of this major)")
 def test_schema_snapshot(db: psycopg.Connection) -> None:
     """The schema built from the migrations is the committed snapshot. After an intended
     change: PGDISPATCH_UPDATE_SNAPSHOT=1 scripts/test tests/test_install.py"""

@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import ROOT, psql
 
+pytestmark = pytest.mark.pg_cron
+
 
 @pytest.fixture
 def cron_db(db: psycopg.Connection) -> Iterator[psycopg.Connection]:

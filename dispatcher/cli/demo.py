@@ -143,6 +143,25 @@ def _start_cluster(folder: Path) -> str:
     return port
 
 
+def _register_cron_jobs(admin: str) -> str:
+    """pg_cron lives in the database `postgres` of this cluster (cron.database_name): register
+    the jobs there, running in the demo database, as sql/pg_cron.sql does (again: it updates).
+    A PostgreSQL major fetched without pg_cron (scripts/bootstrap --pg) has only the listener's
+    ticks. Says which."""
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_cron'").fetchone() is None:
+            return "no pg_cron in this PostgreSQL: the listener's own timer ticks"
+        for job, cron, command in [
+            ("dispatch-tick", "* * * * *", "SELECT dispatch.tick()"),
+            ("dispatch-prune", "*/10 * * * *", "CALL dispatch.prune()"),
+        ]:
+            conn.execute(
+                "SELECT cron.schedule_in_database(%s, %s, %s, %s)", (job, cron, command, DEMO_DATABASE)
+            )
+    return (f"pg_cron jobs dispatch-tick and dispatch-prune registered in database postgres"
+            f" for {DEMO_DATABASE}")
+
+
 def _prepare_database(port: str) -> tuple[str, str]:
     """Create the demo database unless an earlier start did, install (or upgrade) the schema,
     register the pg_cron jobs and add the demo schedules that were never added; return its URL and
@@ -155,18 +174,7 @@ def _prepare_database(port: str) -> tuple[str, str]:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DEMO_DATABASE)))
     for line in install(url):
         _say(f"  install    {line}")
-    # pg_cron lives in the database `postgres` of this cluster (cron.database_name): register
-    # the jobs there, running in the demo database, as sql/pg_cron.sql does (again: it updates).
-    with psycopg.connect(admin, autocommit=True) as conn:
-        for job, cron, command in [
-            ("dispatch-tick", "* * * * *", "SELECT dispatch.tick()"),
-            ("dispatch-prune", "*/10 * * * *", "CALL dispatch.prune()"),
-        ]:
-            conn.execute(
-                "SELECT cron.schedule_in_database(%s, %s, %s, %s)", (job, cron, command, DEMO_DATABASE)
-            )
-    _say(f"  install    pg_cron jobs dispatch-tick and dispatch-prune registered in database postgres"
-         f" for {DEMO_DATABASE}")
+    _say(f"  install    {_register_cron_jobs(admin)}")
     with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
         for schedule in DEMO_SCHEDULES:
             # Once per function: one the user deleted (a soft delete keeps the row) stays deleted.
@@ -286,7 +294,7 @@ def run_demo(folder: Path) -> int:
     logging.getLogger("dispatcher.completion").setLevel(logging.DEBUG)
     started = time.monotonic()
     with _one_demo_per_folder(folder):
-        _say(f"pgdispatch demo: starting PostgreSQL with pg_cron in {folder} ...")
+        _say(f"pgdispatch demo: starting PostgreSQL in {folder} ...")
         try:
             port = _start_cluster(folder)
             url, held = _prepare_database(port)

@@ -1,6 +1,6 @@
-"""The chaos suite's quick profile (chaos/run.py): its own cluster in .pgdata/chaos-quick, real
-listeners killed and cut off, PostgreSQL restarted, a misbehaving sink; every invariant must hold.
-Deselect with -m 'not chaos'."""
+"""The chaos suite's quick profile (chaos/run.py): its own cluster in .pgdata/chaos-quick
+(chaos-quick-NN on another major), real listeners killed and cut off, PostgreSQL restarted, a
+misbehaving sink; every invariant must hold. Deselect with -m 'not chaos'."""
 
 from __future__ import annotations
 
@@ -11,15 +11,14 @@ from pathlib import Path
 import pytest
 
 from chaos.run import PROFILES, print_result, run_chaos
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import PGDATA_SUFFIX, ROOT
 
 
 @pytest.mark.chaos
 @pytest.mark.alone
 def test_quick_profile_holds_every_invariant() -> None:
     seed = int(os.environ.get("PGDISPATCH_CHAOS_SEED", "0")) or None
-    folder = Path(os.environ.get("PGDISPATCH_CHAOS_DIR", ROOT / ".pgdata" / "chaos-quick"))
+    folder = Path(os.environ.get("PGDISPATCH_CHAOS_DIR", ROOT / ".pgdata" / f"chaos-quick{PGDATA_SUFFIX}"))
     result = run_chaos(PROFILES["quick"], folder=folder, seed=seed or 20240601)
     report = io.StringIO()
     print_result(result, report)

@@ -17,6 +17,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
+from tests.conftest import HAS_PG_CRON
 from tests.listener.proxy import Proxy
 
 from .conftest import PGDISPATCH, Result, run_cli
@@ -68,7 +69,9 @@ def test_install_prints_what_it_did(empty_database: str) -> None:
     assert first.code == 0, first.err
     done = first.json["done"]
     assert done[0] == "applied migration 0001_cron_engine"
-    assert "pg_cron lives in database postgres" in done[-1]
+    # the test cluster's pg_cron lives in database postgres; on a major without pg_cron, it says so
+    said = "pg_cron lives in database postgres" if HAS_PG_CRON else "pg_cron is not loaded"
+    assert done[-1].startswith(said)
     again = run_cli("install", url=empty_database)
     assert again.code == 0
     assert "applied migration" not in again.out  # nothing left to apply

@@ -191,6 +191,7 @@ def fresh_data_directory() -> Iterator[Path]:
         subprocess.run(["rm", "-rf", str(folder)], check=True)
 
 
+@pytest.mark.pg_cron
 def test_postgres_init_script_loads_pg_cron_for_the_application_database(fresh_data_directory: Path) -> None:
     data = fresh_data_directory
     env = {"PGDATA": str(data), "POSTGRES_DB": "app"}

@@ -21,6 +21,8 @@ from tests.conftest import PSQL, ROOT
 
 from .conftest import run_cli
 
+pytestmark = pytest.mark.pg_cron
+
 CLUSTER = ROOT / "scripts" / "pg-cluster"
 HBA = """\
 local all all trust
