@@ -63,6 +63,7 @@ def _common(result: Result, report: str) -> None:
 
 
 @pytest.mark.failover
+@pytest.mark.pg_cron  # pg_cron on both nodes; Debian's packages of pg_auto_failover
 def test_synchronous_standby_promoted_by_the_monitor_loses_nothing(pg_auto_failover: None) -> None:
     result, report = _drill("autofailover")
     _common(result, report)
@@ -72,6 +73,7 @@ def test_synchronous_standby_promoted_by_the_monitor_loses_nothing(pg_auto_failo
 
 
 @pytest.mark.failover
+@pytest.mark.pg_cron  # pg_cron on both nodes; Debian's packages of pg_auto_failover
 def test_asynchronous_standby_reruns_only_under_the_same_request_id(pg_auto_failover: None) -> None:
     result, report = _drill("autofailover-async")
     # What was committed on the old primary and not sent is gone: those runs are invoked again,
