@@ -162,12 +162,22 @@ def _demo(args: argparse.Namespace) -> int:
         return 1
 
 
+_interrupted = False
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGINT: KeyboardInterrupt, and remembered (libpq may report the interrupted wait first)."""
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit status: 0 done, 1 failed, 2 configuration or usage error."""
     if threading.current_thread() is threading.main_thread():
         # Ctrl-C is KeyboardInterrupt (exit 130) even when the parent left SIGINT ignored, as a
         # non-interactive shell does for a command started with `&`: Python keeps it ignored.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _interrupt)
     args = _parser().parse_args(argv)
     name = " ".join(part for part in (args.command, getattr(args, "action", None)) if part)
     try:
@@ -179,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pgdispatch {name}: {exc}", file=sys.stderr)
         return 1
     except psycopg.Error as exc:
+        if _interrupted:  # a wait inside libpq that Ctrl-C cut short fails as a connection error
+            print(file=sys.stderr)
+            return 130
         print(f"pgdispatch {name}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # | head: the reader is gone, and so is anything more to say
