@@ -1,17 +1,19 @@
 """The claim's walk as a property: for random weights, caps, due and running counts and cursor
 positions, one dispatch.claim_runs(n) lists each project once, takes exactly min(n, what the
-caps allow), shares by weight within one run per project, never exceeds a cap; and a project with
-due runs is served within ceil(total weight / n) + 1 consecutive claims."""
+caps allow), shares by weight within one run per project, never exceeds a cap; takes what it may
+past the projects whose due runs another claimer holds; and a project with due runs is served
+within ceil(total weight / n) + 1 consecutive claims."""
 
 from __future__ import annotations
 
 import math
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.runs_kit import scalar
@@ -92,6 +94,11 @@ SETTINGS = settings(max_examples=int(os.environ.get("PGDISPATCH_CLAIM_WALK_EXAMP
 
 @SETTINGS
 @given(ps=projects(), cursor=CURSORS, n=st.integers(1, 16))
+# a project emptied by exactly its share rounded down: its share's remainder goes to the others
+@example(ps=[Project("p0", 1, None, 1, 0), Project("p1", 1, None, 1, 0), Project("p2", 40, None, 2, 0),
+             Project("p5", 40, None, 4, 0)], cursor="", n=6)
+@example(ps=[Project("p0", 40, None, 2, 0), Project("p1", 40, None, 10, 0), Project("p4", 1, None, 1, 0),
+             Project("p5", 3, None, 1, 0), Project("p6", 5, None, 1, 0)], cursor="", n=13)
 def test_one_claim_takes_what_the_caps_allow_shared_by_weight(db: psycopg.Connection, ps: list[Project],
                                                               cursor: str, n: int) -> None:
     set_up(db, ps, cursor)
@@ -117,7 +124,29 @@ def test_one_claim_takes_what_the_caps_allow_shared_by_weight(db: psycopg.Connec
 
 
 @SETTINGS
+@given(ps=projects(), held=st.lists(st.integers(0, 12), min_size=8, max_size=8), cursor=CURSORS,
+       n=st.integers(1, 16))
+def test_one_claim_takes_what_other_claimers_left(db: psycopg.Connection,
+                                                   connect: Callable[..., psycopg.Connection],
+                                                   ps: list[Project], held: list[int], cursor: str,
+                                                   n: int) -> None:
+    set_up(db, ps, cursor)
+    other = connect(autocommit=False)  # a claimer that locked some runs and has not committed yet
+    free = {}
+    for p, h in zip(ps, held, strict=False):
+        locked = other.execute("SELECT id FROM dispatch.runs WHERE project_id = %s AND status = 'pending'"
+                               " ORDER BY random() LIMIT %s FOR UPDATE", (p.name, h)).fetchall()
+        free[p.name] = min(p.due - len(locked), p.allowance())
+    took = claim_projects(db, n)
+    assert sum(took.values()) == min(n, sum(free.values())), (free, took)
+    assert all(took[name] <= free[name] for name in took)
+    other.close()
+
+
+@SETTINGS
 @given(ps=projects(capped=False), cursor=CURSORS, n=st.integers(1, 16))
+@example(ps=[Project("p0", 1, None, 1, 0), Project("p1", 2, None, 4, 0), Project("p2", 2, None, 4, 0),
+             Project("p3", 1, None, 0, 0), Project("p4", 1, None, 1, 0)], cursor="", n=3)
 def test_every_project_with_due_runs_is_served_within_its_turn(db: psycopg.Connection, ps: list[Project],
                                                                cursor: str, n: int) -> None:
     set_up(db, ps, cursor)

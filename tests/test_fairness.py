@@ -187,3 +187,21 @@ def test_a_chunk_marks_a_small_project_whatever_other_projects_exist(db: psycopg
     marked, _ = db.execute("SELECT marked, taken FROM dispatch.tick_chunk(2000)").fetchone()  # type: ignore[misc]
     assert marked == 2000
     assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE project_id = 'z-small'") == 1
+
+
+def test_a_claim_goes_past_projects_whose_due_runs_another_claimer_holds(db: psycopg.Connection,
+                                                                          connect: Connect) -> None:
+    for p in "abcdefgh":
+        add_many(db, p, 1)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    one, two = connect(autocommit=False), connect(autocommit=False)
+    assert projects_of(claim(one, "one", 1)) == {"a": 1}  # held until one commits
+    assert projects_of(claim(two, "two", 1)) == {"b": 1}
+    # both sessions' cursors now sit behind a; one's next claim finds c..f's runs
+    assert sorted(projects_of(claim(one, "one", 4))) == ["c", "d", "e", "f"]
+    # two lists b..f first: its own b is running, c..f are one's until it commits
+    assert sorted(projects_of(claim(two, "two", 4))) == ["g", "h"]
+    one.commit()
+    two.commit()
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE status = 'running'") == 8

@@ -132,13 +132,24 @@ COMMENT ON FUNCTION dispatch._claimable_projects(text, integer) IS
 
 -- How many runs of each project a claim should hold in all (its target): n shared by weight,
 -- water-filled (a project allowed fewer than its share takes its allowance, and the others share
--- the rest again), each share rounded down and the remainder handed out one run each: first to
--- projects that already hold more than their share rounded down (an earlier pass of the same
--- claim gave them their extra run), then in the order given. `last_extra`: the position of the
--- last project given an extra run in that order (NULL: none). Pure arithmetic.
+-- the rest again), each share rounded down (`floors`) and the remainder handed out one run each:
+-- first to projects that already hold more than their share rounded down (an earlier pass of the
+-- same claim gave them their extra run), then in the order given to those whose share is under
+-- one run, then in that order to the others. `last_extra`: the position of the last project
+-- under one run given an extra run, else of the last other one (NULL: none). Pure arithmetic.
 DROP FUNCTION IF EXISTS dispatch._claim_quotas(integer, integer[], integer[], boolean[]);
+DO $$
+DECLARE
+    fn regprocedure := pg_catalog.to_regprocedure('dispatch._claim_shares(integer, integer[], integer[], integer[])');
+BEGIN
+    IF fn IS NOT NULL AND pg_catalog.pg_get_function_result(fn) NOT LIKE '%floors integer[])' THEN
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', fn);
+    END IF;
+END
+$$;
 CREATE OR REPLACE FUNCTION dispatch._claim_shares(n integer, weights integer[], allow integer[], taken integer[],
-                                                  OUT targets integer[], OUT last_extra integer)
+                                                  OUT targets integer[], OUT last_extra integer,
+                                                  OUT floors integer[])
 LANGUAGE plpgsql
 IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -150,6 +161,7 @@ DECLARE
     total bigint;
     extra bigint;
     changed boolean := true;
+    last_other integer;
     i integer;
 BEGIN
     targets := array_fill(0, ARRAY[k]);
@@ -171,6 +183,7 @@ BEGIN
         END LOOP;
     END LOOP;
     IF total = 0 THEN
+        floors := targets;
         RETURN;
     END IF;
     extra := rest;
@@ -180,6 +193,7 @@ BEGIN
             extra := extra - targets[i];
         END IF;
     END LOOP;
+    floors := targets;
     FOR i IN 1..k LOOP
         EXIT WHEN extra = 0;
         IF NOT fixed[i] AND taken[i] > targets[i] THEN
@@ -188,18 +202,30 @@ BEGIN
             extra := extra - 1;
         END IF;
     END LOOP;
+    -- projects whose share is under one run first: each is served within total weight / n
+    -- claims, however heavy the others, as the next claim starts after the last one served
+    FOR i IN 1..k LOOP
+        EXIT WHEN extra = 0;
+        IF NOT fixed[i] AND targets[i] = 0 AND allow[i] > 0 THEN
+            targets[i] := 1;
+            fixed[i] := true;
+            extra := extra - 1;
+            last_extra := i;
+        END IF;
+    END LOOP;
     FOR i IN 1..k LOOP
         EXIT WHEN extra = 0;
         IF NOT fixed[i] AND targets[i] < allow[i] THEN
             targets[i] := targets[i] + 1;
             extra := extra - 1;
-            last_extra := i;
+            last_other := i;
         END IF;
     END LOOP;
+    last_extra := coalesce(last_extra, last_other);
 END
 $$;
 COMMENT ON FUNCTION dispatch._claim_shares(integer, integer[], integer[], integer[]) IS
-    'Arithmetic of dispatch.claim_runs: how many runs of each project a claim of n should hold, by weight, water-filled (a project allowed fewer than its share takes its allowance), each share rounded down and the remainder one run each (first to projects whose taken already exceeds their share rounded down, then in order; last_extra: the position of the last of those in order).';
+    'Arithmetic of dispatch.claim_runs: how many runs of each project a claim of n should hold, by weight, water-filled (a project allowed fewer than its share takes its allowance), each share rounded down (floors) and the remainder one run each (first to projects whose taken already exceeds their share rounded down, then in order to those whose share is under one run, then in order to the others; last_extra: the position of the last of the second kind given one, else of the last of the third).';
 
 -- What a claim does with a pending run it locked: 'live', it starts; 'stale', it ends skipped
 -- (its schedule stopped, or its first attempt can no longer start within misfire_grace);
@@ -271,11 +297,18 @@ AS $$
 #variable_conflict use_column
 DECLARE
     cursor_at text := nullif(current_setting('dispatch.claim_cursor', true), '');
-    want integer := claim_runs.max_runs;
+    room integer := claim_runs.max_runs;
+    want integer;
+    seen text[] := '{}';
+    listing text[];
     listed integer;
     projects text[];
     capped text[];
     held text[];
+    barred text[];
+    got integer;
+    cursor_to text;
+    floors_pass boolean;
     weights integer[];
     allow integer[];
     was_allowed integer[];
@@ -331,167 +364,205 @@ BEGIN
 
     -- Fair between projects. The projects with runs to claim, round-robin from the one after
     -- where this session's last claim stopped (a session setting: no shared row, nothing to
-    -- contend on), at most max_runs of them that may run more now. A capped project's row is
-    -- locked (SKIP LOCKED) while its running runs are counted and its runs claimed, so claimers
-    -- take turns on it without waiting; one that another claimer holds, or that is at its cap,
-    -- leaves its place to the next project. The count is read after the lock, by a later
-    -- statement (READ COMMITTED: a snapshot that sees the runs the previous holder claimed).
+    -- contend on), at most as many as runs are still wanted, of those that may run more now. A
+    -- capped project's row is locked (SKIP LOCKED) while its running runs are counted and its runs
+    -- claimed, so claimers take turns on it without waiting; one that another claimer holds, or
+    -- that is at its cap, leaves its place to the next project. The count is read after the lock,
+    -- by a later statement (READ COMMITTED: a snapshot that sees the runs the previous holder
+    -- claimed). A round that comes back short (the listed projects' due runs held by other
+    -- claimers) lists the projects after them in the next round, until the claim is full or
+    -- every claimable project has been listed.
+    <<rounds>>
     LOOP
-        projects := dispatch._claimable_projects(cursor_at, want);
-        IF projects IS NULL THEN
-            RETURN;
-        END IF;
-        listed := cardinality(projects);
-        SELECT array_agg(p.project_id) INTO capped
-        FROM dispatch.projects p WHERE p.project_id = ANY (projects) AND p.max_concurrency IS NOT NULL;
-        IF capped IS NULL THEN
-            IF listed = 1 THEN  -- one project, uncapped: its weight is moot
-                weights := ARRAY[1];
-                allow := ARRAY[claim_runs.max_runs];
+        want := cardinality(seen) + room;
+        LOOP
+            listing := dispatch._claimable_projects(cursor_at, want);
+            EXIT rounds WHEN listing IS NULL;
+            listed := cardinality(listing);
+            projects := ARRAY(SELECT u.p FROM unnest(listing) WITH ORDINALITY AS u(p, n)
+                              WHERE u.p <> ALL (seen) ORDER BY u.n);
+            SELECT array_agg(p.project_id) INTO capped
+            FROM dispatch.projects p WHERE p.project_id = ANY (projects) AND p.max_concurrency IS NOT NULL;
+            IF capped IS NULL THEN
+                IF cardinality(projects) = 1 THEN  -- one project, uncapped: its weight is moot
+                    weights := ARRAY[1];
+                    allow := ARRAY[room];
+                ELSE
+                    SELECT array_agg(coalesce(pr.weight, 1) ORDER BY u.n), array_agg(room)
+                    INTO weights, allow
+                    FROM unnest(projects) WITH ORDINALITY AS u(project_id, n)
+                    LEFT JOIN dispatch.projects pr ON pr.project_id = u.project_id;
+                END IF;
             ELSE
-                SELECT array_agg(coalesce(pr.weight, 1) ORDER BY u.n), array_agg(claim_runs.max_runs)
-                INTO weights, allow
-                FROM unnest(projects) WITH ORDINALITY AS u(project_id, n)
-                LEFT JOIN dispatch.projects pr ON pr.project_id = u.project_id;
+                PERFORM dispatch._require_read_committed('dispatch.claim_runs for a project with max_concurrency');
+                SELECT array_agg(l.project_id) INTO held
+                FROM (SELECT p.project_id FROM dispatch.projects p WHERE p.project_id = ANY (capped)
+                      ORDER BY p.project_id FOR NO KEY UPDATE SKIP LOCKED) l;
+                SELECT array_agg(x.project_id ORDER BY x.n) FILTER (WHERE x.a > 0),
+                       array_agg(x.w ORDER BY x.n) FILTER (WHERE x.a > 0),
+                       array_agg(x.a ORDER BY x.n) FILTER (WHERE x.a > 0),
+                       coalesce(array_agg(x.project_id) FILTER (WHERE x.a = 0), '{}')
+                INTO projects, weights, allow, barred
+                FROM (SELECT u.project_id, u.n, coalesce(pr.weight, 1) AS w,
+                             CASE WHEN pr.max_concurrency IS NULL THEN room
+                                  WHEN u.project_id = ANY (held)
+                                  THEN least(room,
+                                             greatest(pr.max_concurrency
+                                                      - (SELECT count(*) FROM dispatch.runs x  -- runs_running_lease_idx
+                                                         WHERE x.status = 'running' AND x.project_id = u.project_id), 0))
+                                  ELSE 0 END AS a
+                      FROM unnest(projects) WITH ORDINALITY AS u(project_id, n)
+                      LEFT JOIN dispatch.projects pr ON pr.project_id = u.project_id) x;
+                -- (never listed again by this claim: held by another claimer, or at their cap)
+                seen := seen || barred;
             END IF;
-            EXIT;
-        END IF;
-        PERFORM dispatch._require_read_committed('dispatch.claim_runs for a project with max_concurrency');
-        SELECT array_agg(l.project_id) INTO held
-        FROM (SELECT p.project_id FROM dispatch.projects p WHERE p.project_id = ANY (capped)
-              ORDER BY p.project_id FOR NO KEY UPDATE SKIP LOCKED) l;
-        SELECT array_agg(x.project_id ORDER BY x.n) FILTER (WHERE x.a > 0),
-               array_agg(x.w ORDER BY x.n) FILTER (WHERE x.a > 0),
-               array_agg(x.a ORDER BY x.n) FILTER (WHERE x.a > 0)
-        INTO projects, weights, allow
-        FROM (SELECT u.project_id, u.n, coalesce(pr.weight, 1) AS w,
-                     CASE WHEN pr.max_concurrency IS NULL THEN claim_runs.max_runs
-                          WHEN u.project_id = ANY (held)
-                          THEN least(claim_runs.max_runs,
-                                     greatest(pr.max_concurrency
-                                              - (SELECT count(*) FROM dispatch.runs x  -- runs_running_lease_idx
-                                                 WHERE x.status = 'running' AND x.project_id = u.project_id), 0))
-                          ELSE 0 END AS a
-              FROM unnest(projects) WITH ORDINALITY AS u(project_id, n)
-              LEFT JOIN dispatch.projects pr ON pr.project_id = u.project_id) x;
-        -- enough projects that may run more, or every claimable project seen
-        EXIT WHEN coalesce(cardinality(projects), 0) >= claim_runs.max_runs OR listed < want;
-        want := want * 2;
-    END LOOP;
-    IF projects IS NULL THEN
-        RETURN;
-    END IF;
-    projects := projects[1:claim_runs.max_runs];
-    weights := weights[1:claim_runs.max_runs];
-    allow := allow[1:claim_runs.max_runs];
-    taken := array_fill(0, ARRAY[cardinality(projects)]);
+            -- enough projects that may run more, or every claimable project seen
+            EXIT WHEN coalesce(cardinality(projects), 0) >= room OR listed < want;
+            want := want * 2;
+        END LOOP;
+        EXIT rounds WHEN coalesce(cardinality(projects), 0) = 0;
+        projects := projects[1:room];
+        weights := weights[1:room];
+        allow := allow[1:room];
+        seen := seen || projects;
+        taken := array_fill(0, ARRAY[cardinality(projects)]);
+        last_served := NULL;
+        floors_pass := false;
 
-    -- Each pass computes how many runs each project should hold in all (dispatch._claim_shares)
-    -- and locks each project's next runs up to that, runs whose not_before is over first
-    -- (retries, slots that waited for their jittered instant), then runs in slot order, each from
-    -- the project's own index; a run another claim holds is skipped (concurrent claims never get
-    -- the same run, nothing waits). A project that had fewer runs to give than asked is held to
-    -- what it gave, and the next pass shares the rest among the others: one project alone still
-    -- gets full batches.
-    LOOP
-        need := claim_runs.max_runs - (SELECT sum(t) FROM unnest(taken) t);
-        EXIT WHEN need <= 0;
-        IF cardinality(projects) = 1 THEN  -- one project: no arithmetic to share
-            quotas := ARRAY[least(allow[1] - taken[1], need)];
-        ELSE
-            shares := dispatch._claim_shares(claim_runs.max_runs, weights, allow, taken);
-            IF last_served IS NULL THEN
-                -- the next claim starts after the last project that got an extra run (the
-                -- remainder of the shares): those after it come first then
-                last_served := coalesce(shares.last_extra, cardinality(projects));
+        -- Each pass computes how many runs each project should hold in all (dispatch._claim_shares)
+        -- and locks each project's next runs up to that, runs whose not_before is over first
+        -- (retries, slots that waited for their jittered instant), then runs in slot order, each
+        -- from the project's own index; a run another claim holds is skipped (concurrent claims
+        -- never get the same run, nothing waits). A project that had fewer runs to give than asked
+        -- is held to what it gave, and the next pass shares the rest among the others: one project
+        -- alone still gets full batches.
+        LOOP
+            need := room - (SELECT sum(t) FROM unnest(taken) t);
+            EXIT WHEN need <= 0;
+            IF cardinality(projects) = 1 THEN  -- one project: no arithmetic to share
+                quotas := ARRAY[least(allow[1] - taken[1], need)];
+            ELSE
+                shares := dispatch._claim_shares(room, weights, allow, taken);
+                -- With unequal weights, passes first take each share rounded down and learn which
+                -- projects they emptied, until the shares rounded down are taken; the remainder,
+                -- handed out one run each in order, then goes to the projects that still have runs
+                -- (a project emptied by exactly its share would not show it, and the rest of its
+                -- share would not go to the others).
+                floors_pass := weights <> array_fill(weights[1], ARRAY[cardinality(weights)])
+                               AND EXISTS (SELECT FROM unnest(shares.floors, taken) AS f(f, t) WHERE f.f > f.t);
+                IF last_served IS NULL AND NOT floors_pass THEN
+                    -- the next claim starts after the last project that got an extra run (the
+                    -- remainder of the shares): those after it come first then
+                    last_served := coalesce(shares.last_extra, cardinality(projects));
+                END IF;
+                -- what is still wanted of each, at most `need` in all, in order
+                quotas := array_fill(0, ARRAY[cardinality(projects)]);
+                FOR i IN 1..cardinality(projects) LOOP
+                    quotas[i] := least(greatest(CASE WHEN floors_pass THEN shares.floors[i] ELSE shares.targets[i] END
+                                                - taken[i], 0), need);
+                    need := need - quotas[i];
+                END LOOP;
             END IF;
-            -- what is still wanted of each, at most `need` in all, in order
-            quotas := array_fill(0, ARRAY[cardinality(projects)]);
-            FOR i IN 1..cardinality(projects) LOOP
-                quotas[i] := least(greatest(shares.targets[i] - taken[i], 0), need);
-                need := need - quotas[i];
-            END LOOP;
-        END IF;
-        EXIT WHEN (SELECT coalesce(sum(q), 0) FROM unnest(quotas) q) = 0;
+            EXIT WHEN (SELECT coalesce(sum(q), 0) FROM unnest(quotas) q) = 0;
 
-        -- Each run is locked, then judged with its schedule in the same statement (a schedule's
-        -- row is read for the runs this claim holds, not for those it skipped).
-        SELECT array_agg((x.r).id), array_agg(x.tid), array_agg(u.n::integer), array_agg(dispatch._claim_verdict(x.r, s))
-        INTO first_ids, first_tids, first_of, first_verdicts
-        FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
-        CROSS JOIN LATERAL (
-            SELECT r, r.ctid AS tid FROM dispatch.runs r
-            WHERE r.project_id = u.project_id AND r.status = 'pending'
-              AND r.not_before IS NOT NULL AND r.not_before <= now()
-            ORDER BY r.project_id, r.not_before, r.id
-            LIMIT u.quota
-            FOR UPDATE SKIP LOCKED) x
-        JOIN dispatch.schedules s ON s.id = (x.r).schedule_id
-        WHERE u.quota > 0;
-        SELECT array_agg((x.r).id), array_agg(x.tid), array_agg(u.n::integer), array_agg(dispatch._claim_verdict(x.r, s))
-        INTO slot_ids, slot_tids, slot_of, slot_verdicts
-        FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
-        CROSS JOIN LATERAL (
-            SELECT r, r.ctid AS tid FROM dispatch.runs r
-            WHERE r.project_id = u.project_id AND r.status = 'pending' AND r.not_before IS NULL
-            ORDER BY r.project_id, r.scheduled_for, r.id
-            LIMIT u.quota - coalesce(cardinality(array_positions(first_of, u.n::integer)), 0)
-            FOR UPDATE SKIP LOCKED) x
-        JOIN dispatch.schedules s ON s.id = (x.r).schedule_id
-        WHERE u.quota > coalesce(cardinality(array_positions(first_of, u.n::integer)), 0);
-        -- a pass that found nothing goes on to share what the projects that had nothing left
-        -- could not give among the others
-        IF first_ids IS NOT NULL OR slot_ids IS NOT NULL THEN
-            -- Some runs are not handed out (dispatch._claim_verdict): late ones end error, stale ones
-            -- end skipped. The transaction that stopped a schedule ended every run it could see;
-            -- this ends those that became pending behind its back (a release racing it).
-            SELECT array_agg(c.id) FILTER (WHERE c.verdict = 'live'), array_agg(c.id) FILTER (WHERE c.verdict = 'late'),
-                   array_agg(c.id) FILTER (WHERE c.verdict = 'stale')
-            INTO live_ids, late_ids, stale_ids
-            FROM unnest(first_ids || slot_ids, first_verdicts || slot_verdicts) AS c(id, verdict);
+            -- Each run is locked, then judged with its schedule in the same statement (a
+            -- schedule's row is read for the runs this claim holds, not for those it skipped).
+            SELECT array_agg((x.r).id), array_agg(x.tid), array_agg(u.n::integer), array_agg(dispatch._claim_verdict(x.r, s))
+            INTO first_ids, first_tids, first_of, first_verdicts
+            FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
+            CROSS JOIN LATERAL (
+                SELECT r, r.ctid AS tid FROM dispatch.runs r
+                WHERE r.project_id = u.project_id AND r.status = 'pending'
+                  AND r.not_before IS NOT NULL AND r.not_before <= now()
+                ORDER BY r.project_id, r.not_before, r.id
+                LIMIT u.quota
+                FOR UPDATE SKIP LOCKED) x
+            JOIN dispatch.schedules s ON s.id = (x.r).schedule_id
+            WHERE u.quota > 0;
+            SELECT array_agg((x.r).id), array_agg(x.tid), array_agg(u.n::integer), array_agg(dispatch._claim_verdict(x.r, s))
+            INTO slot_ids, slot_tids, slot_of, slot_verdicts
+            FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
+            CROSS JOIN LATERAL (
+                SELECT r, r.ctid AS tid FROM dispatch.runs r
+                WHERE r.project_id = u.project_id AND r.status = 'pending' AND r.not_before IS NULL
+                ORDER BY r.project_id, r.scheduled_for, r.id
+                LIMIT u.quota - coalesce(cardinality(array_positions(first_of, u.n::integer)), 0)
+                FOR UPDATE SKIP LOCKED) x
+            JOIN dispatch.schedules s ON s.id = (x.r).schedule_id
+            WHERE u.quota > coalesce(cardinality(array_positions(first_of, u.n::integer)), 0);
+            -- a pass that found nothing goes on to share what the projects that had nothing left
+            -- could not give among the others
+            IF first_ids IS NOT NULL OR slot_ids IS NOT NULL THEN
+                -- Some runs are not handed out (dispatch._claim_verdict): late ones end error,
+                -- stale ones end skipped. The transaction that stopped a schedule ended every run
+                -- it could see; this ends those that became pending behind its back (a release
+                -- racing it).
+                SELECT array_agg(c.id) FILTER (WHERE c.verdict = 'live'), array_agg(c.id) FILTER (WHERE c.verdict = 'late'),
+                       array_agg(c.id) FILTER (WHERE c.verdict = 'stale')
+                INTO live_ids, late_ids, stale_ids
+                FROM unnest(first_ids || slot_ids, first_verdicts || slot_verdicts) AS c(id, verdict);
 
-            IF late_ids IS NOT NULL OR stale_ids IS NOT NULL THEN
-                PERFORM dispatch._end_late_retries(late_ids);
-                PERFORM dispatch._end_stale_runs(stale_ids, wait => false);
-                ended := true;
-            END IF;
-            -- runs of a function whose breaker is open wait, but for its probe (39_breakers.sql)
-            live_ids := dispatch._hold_for_breakers(live_ids);
-            IF live_ids IS NOT NULL AND live_ids <> '{}' THEN
-                -- started where the pick found them: locked since, and moved by nothing above
-                SELECT array_agg(c.tid) INTO live_tids
-                FROM unnest(first_ids || slot_ids, first_tids || slot_tids) AS c(id, tid)
-                WHERE c.id = ANY (live_ids);
-                RETURN QUERY SELECT * FROM dispatch._start_runs(live_tids, claim_runs.worker, claim_runs.lease,
-                                                                claim_runs.default_timeout);
-                GET DIAGNOSTICS started = ROW_COUNT;
-                IF started < cardinality(live_tids) THEN
-                    -- A stop that committed after the pick's snapshot: _start_runs, which reads the
-                    -- schedules afresh, left those runs pending; they end like any stale run.
-                    PERFORM dispatch._end_stale_runs(
-                        ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.id = ANY (live_ids) AND r.status = 'pending'),
-                        wait => false);
+                IF late_ids IS NOT NULL OR stale_ids IS NOT NULL THEN
+                    PERFORM dispatch._end_late_retries(late_ids);
+                    PERFORM dispatch._end_stale_runs(stale_ids, wait => false);
                     ended := true;
                 END IF;
+                -- runs of a function whose breaker is open wait, but for its probe (39_breakers.sql)
+                live_ids := dispatch._hold_for_breakers(live_ids);
+                IF live_ids IS NOT NULL AND live_ids <> '{}' THEN
+                    -- started where the pick found them: locked since, and moved by nothing above
+                    SELECT array_agg(c.tid) INTO live_tids
+                    FROM unnest(first_ids || slot_ids, first_tids || slot_tids) AS c(id, tid)
+                    WHERE c.id = ANY (live_ids);
+                    RETURN QUERY SELECT * FROM dispatch._start_runs(live_tids, claim_runs.worker, claim_runs.lease,
+                                                                    claim_runs.default_timeout);
+                    GET DIAGNOSTICS started = ROW_COUNT;
+                    IF started < cardinality(live_tids) THEN
+                        -- A stop that committed after the pick's snapshot: _start_runs, which reads
+                        -- the schedules afresh, left those runs pending; they end like any stale run.
+                        PERFORM dispatch._end_stale_runs(
+                            ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.id = ANY (live_ids) AND r.status = 'pending'),
+                            wait => false);
+                        ended := true;
+                    END IF;
+                END IF;
             END IF;
-        END IF;
 
-        -- What each project gave counts against the claim (runs ended or held by a breaker
-        -- included); one that gave fewer than asked has no more to give: it is held to that.
-        was_allowed := allow;
-        SELECT array_agg(x.took + x.got ORDER BY x.n),
-               array_agg(CASE WHEN x.got < x.q THEN x.took + x.got ELSE x.a END ORDER BY x.n)
-        INTO taken, allow
-        FROM (SELECT u.n, u.a, u.q, u.took,
-                     coalesce(cardinality(array_positions(first_of || slot_of, u.n::integer)), 0) AS got
-              FROM unnest(allow, quotas, taken) WITH ORDINALITY AS u(a, q, took, n)) x;
-        -- (each pass takes runs or learns of a project that has no more: never the same pass twice)
-        EXIT WHEN first_ids IS NULL AND slot_ids IS NULL AND allow = was_allowed;
+            -- What each project gave counts against the claim (runs ended or held by a breaker
+            -- included); one that gave fewer than asked has no more to give: it is held to that,
+            -- and so is one that the floors pass emptied.
+            was_allowed := allow;
+            SELECT array_agg(x.took + x.got ORDER BY x.n),
+                   array_agg(CASE WHEN x.got < x.q THEN x.took + x.got
+                                  WHEN floors_pass AND x.got > 0
+                                       AND NOT EXISTS (SELECT FROM dispatch.runs r
+                                                       WHERE r.project_id = x.project_id AND r.status = 'pending'
+                                                         AND r.not_before IS NULL)
+                                       AND NOT EXISTS (SELECT FROM dispatch.runs r
+                                                       WHERE r.project_id = x.project_id AND r.status = 'pending'
+                                                         AND r.not_before IS NOT NULL AND r.not_before <= now())
+                                  THEN x.took + x.got
+                                  ELSE x.a END ORDER BY x.n)
+            INTO taken, allow
+            FROM (SELECT u.n, u.a, u.q, u.took, u.project_id,
+                         coalesce(cardinality(array_positions(first_of || slot_of, u.n::integer)), 0) AS got
+                  FROM unnest(allow, quotas, taken, projects) WITH ORDINALITY AS u(a, q, took, project_id, n)) x;
+            -- (each pass takes runs or learns of a project that has no more: never the same pass twice)
+            EXIT WHEN first_ids IS NULL AND slot_ids IS NULL AND allow = was_allowed;
+        END LOOP;
+
+        got := (SELECT sum(t) FROM unnest(taken) t);
+        IF got > 0 THEN
+            -- where the next claim of this session starts
+            cursor_to := projects[coalesce(last_served, cardinality(projects))];
+            room := room - got;
+        END IF;
+        -- full, or every claimable project listed (each round lists at least one more)
+        EXIT rounds WHEN room <= 0 OR listed < want;
     END LOOP;
 
-    -- Where the next claim of this session starts.
-    IF (SELECT sum(t) FROM unnest(taken) t) > 0 THEN
-        PERFORM set_config('dispatch.claim_cursor', projects[coalesce(last_served, cardinality(projects))], false);
+    IF cursor_to IS NOT NULL THEN
+        PERFORM set_config('dispatch.claim_cursor', cursor_to, false);
     END IF;
     IF ended THEN
         -- fewer runs than asked for although more may be pending: have the claimers come back
