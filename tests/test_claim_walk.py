@@ -126,21 +126,24 @@ def test_one_claim_takes_what_the_caps_allow_shared_by_weight(db: psycopg.Connec
 @SETTINGS
 @given(ps=projects(), held=st.lists(st.integers(0, 12), min_size=8, max_size=8), cursor=CURSORS,
        n=st.integers(1, 16))
+# the projects listed after the held ones, more than the claim's room, are each tried
+@example(ps=[Project("p0", 1, None, 1, 0), Project("p1", 1, 1, 1, 1), Project("p2", 1, None, 1, 0),
+             Project("p3", 1, None, 1, 0), Project("p5", 1, None, 1, 0)],
+         held=[1, 0, 1, 0, 1, 0, 0, 0], cursor="p35", n=1)
 def test_one_claim_takes_what_other_claimers_left(db: psycopg.Connection,
                                                    connect: Callable[..., psycopg.Connection],
                                                    ps: list[Project], held: list[int], cursor: str,
                                                    n: int) -> None:
     set_up(db, ps, cursor)
-    other = connect(autocommit=False)  # a claimer that locked some runs and has not committed yet
-    free = {}
-    for p, h in zip(ps, held, strict=False):
-        locked = other.execute("SELECT id FROM dispatch.runs WHERE project_id = %s AND status = 'pending'"
-                               " ORDER BY random() LIMIT %s FOR UPDATE", (p.name, h)).fetchall()
-        free[p.name] = min(p.due - len(locked), p.allowance())
-    took = claim_projects(db, n)
+    with connect(autocommit=False) as other:  # a claimer that locked some runs, not committed yet
+        free = {}
+        for p, h in zip(ps, held, strict=False):
+            locked = other.execute("SELECT id FROM dispatch.runs WHERE project_id = %s AND status = 'pending'"
+                                   " ORDER BY random() LIMIT %s FOR UPDATE", (p.name, h)).fetchall()
+            free[p.name] = min(p.due - len(locked), p.allowance())
+        took = claim_projects(db, n)
     assert sum(took.values()) == min(n, sum(free.values())), (free, took)
     assert all(took[name] <= free[name] for name in took)
-    other.close()
 
 
 @SETTINGS

@@ -308,6 +308,7 @@ DECLARE
     barred text[];
     got integer;
     cursor_to text;
+    cut boolean;
     floors_pass boolean;
     weights integer[];
     allow integer[];
@@ -421,6 +422,7 @@ BEGIN
             want := want * 2;
         END LOOP;
         EXIT rounds WHEN coalesce(cardinality(projects), 0) = 0;
+        cut := cardinality(projects) > room;
         projects := projects[1:room];
         weights := weights[1:room];
         allow := allow[1:room];
@@ -557,8 +559,8 @@ BEGIN
             cursor_to := projects[coalesce(last_served, cardinality(projects))];
             room := room - got;
         END IF;
-        -- full, or every claimable project listed (each round lists at least one more)
-        EXIT rounds WHEN room <= 0 OR listed < want;
+        -- full, or every claimable project listed and tried (each round tries at least one more)
+        EXIT rounds WHEN room <= 0 OR (listed < want AND NOT cut);
     END LOOP;
 
     IF cursor_to IS NOT NULL THEN
