@@ -1577,16 +1577,19 @@ BEGIN
     _explain_cap.holder := dispatch._project_holder(_explain_cap.project);
     room := CASE WHEN _explain_cap.holder IS NULL
                  THEN greatest(_explain_cap.max_concurrency - _explain_cap.running, 0) ELSE 0 END;
-    -- not_before over first, then by slot, each from the project's own queue
+    -- not_before over first, then by slot, each from the project's own queue, past the runs
+    -- another transaction holds (the claim's SKIP LOCKED)
     _explain_cap.takes := ARRAY(
         SELECT q.id FROM (
             (SELECT r.id, 1 AS queue, r.not_before AS k FROM dispatch.runs r
              WHERE r.project_id = _explain_cap.project AND r.status = 'pending'
                AND r.not_before IS NOT NULL AND r.not_before <= now()
+               AND dispatch._row_holder(r.xmax, 'dispatch.runs') IS NULL
              ORDER BY r.project_id, r.not_before, r.id LIMIT room)
             UNION ALL
             (SELECT r.id, 2, r.scheduled_for FROM dispatch.runs r
              WHERE r.project_id = _explain_cap.project AND r.status = 'pending' AND r.not_before IS NULL
+               AND dispatch._row_holder(r.xmax, 'dispatch.runs') IS NULL
              ORDER BY r.project_id, r.scheduled_for, r.id LIMIT room)) q
         ORDER BY q.queue, q.k, q.id
         LIMIT room);
@@ -1849,17 +1852,17 @@ $$;
 
 
 --
--- Name: _holds_projects(integer); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _holds_table(integer, regclass); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._holds_projects(pid integer) RETURNS boolean
+CREATE FUNCTION dispatch._holds_table(pid integer, tbl regclass) RETURNS boolean
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks t
-                   WHERE t.pid = _holds_projects.pid AND t.locktype = 'relation'
+                   WHERE t.pid = _holds_table.pid AND t.locktype = 'relation'
                      AND t.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
-                     AND t.relation = 'dispatch.projects'::regclass AND t.granted AND t.mode <> 'AccessShareLock')
+                     AND t.relation = _holds_table.tbl AND t.granted AND t.mode <> 'AccessShareLock')
 $$;
 
 
@@ -2191,35 +2194,10 @@ $$;
 --
 
 CREATE FUNCTION dispatch._project_holder(project text) RETURNS integer
-    LANGUAGE plpgsql STABLE
+    LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE
-    locker xid;
-    holder integer;
-BEGIN
-    SELECT p.xmax INTO locker FROM dispatch.projects p WHERE p.project_id = project;
-    IF locker IS NULL OR locker = '0'::xid THEN
-        RETURN NULL;
-    END IF;
-    -- a transaction that locked or updated it, in progress; else several that share it
-    SELECT l.pid INTO holder FROM pg_catalog.pg_locks l
-    WHERE l.locktype = 'transactionid' AND l.transactionid = locker AND l.mode = 'ExclusiveLock' AND l.granted
-      AND dispatch._holds_projects(l.pid);
-    IF holder IS NULL THEN
-        BEGIN
-            SELECT l.pid INTO holder
-            FROM pg_catalog.pg_get_multixact_members(locker) m
-            JOIN pg_catalog.pg_locks l
-              ON l.locktype = 'transactionid' AND l.transactionid = m.xid AND l.mode = 'ExclusiveLock' AND l.granted
-            WHERE m.mode <> 'keysh' AND dispatch._holds_projects(l.pid)
-            ORDER BY l.pid LIMIT 1;
-        EXCEPTION WHEN OTHERS THEN  -- no MultiXactId of that number (most often: a claim long committed)
-            NULL;
-        END;
-    END IF;
-    RETURN holder;
-END
+    SELECT dispatch._row_holder(p.xmax, 'dispatch.projects') FROM dispatch.projects p WHERE p.project_id = project
 $$;
 
 
@@ -2387,6 +2365,41 @@ CREATE FUNCTION dispatch._retry_delay(s dispatch.schedules, attempt integer, ret
                       ELSE random() * least(s.retry_backoff * power(2, least(attempt - 1, 30)), s.retry_backoff_max)
                  END,
                  s.retry_backoff_max)
+$$;
+
+
+--
+-- Name: _row_holder(xid, regclass); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._row_holder(locker xid, tbl regclass) RETURNS integer
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    holder integer;
+BEGIN
+    IF locker IS NULL OR locker = '0'::xid THEN
+        RETURN NULL;
+    END IF;
+    -- a transaction that locked or updated it, in progress; else several that share it
+    SELECT l.pid INTO holder FROM pg_catalog.pg_locks l
+    WHERE l.locktype = 'transactionid' AND l.transactionid = locker AND l.mode = 'ExclusiveLock' AND l.granted
+      AND dispatch._holds_table(l.pid, tbl);
+    IF holder IS NULL THEN
+        BEGIN
+            SELECT l.pid INTO holder
+            FROM pg_catalog.pg_get_multixact_members(locker) m
+            JOIN pg_catalog.pg_locks l
+              ON l.locktype = 'transactionid' AND l.transactionid = m.xid AND l.mode = 'ExclusiveLock' AND l.granted
+            WHERE m.mode <> 'keysh' AND dispatch._holds_table(l.pid, tbl)
+            ORDER BY l.pid LIMIT 1;
+        EXCEPTION WHEN OTHERS THEN  -- no MultiXactId of that number (most often: a claim long committed)
+            NULL;
+        END;
+    END IF;
+    RETURN holder;
+END
 $$;
 
 
@@ -3274,6 +3287,7 @@ DECLARE
     barred text[];
     got integer;
     cursor_to text;
+    cut boolean;
     floors_pass boolean;
     weights integer[];
     allow integer[];
@@ -3387,6 +3401,7 @@ BEGIN
             want := want * 2;
         END LOOP;
         EXIT rounds WHEN coalesce(cardinality(projects), 0) = 0;
+        cut := cardinality(projects) > room;
         projects := projects[1:room];
         weights := weights[1:room];
         allow := allow[1:room];
@@ -3523,8 +3538,8 @@ BEGIN
             cursor_to := projects[coalesce(last_served, cardinality(projects))];
             room := room - got;
         END IF;
-        -- full, or every claimable project listed (each round lists at least one more)
-        EXIT rounds WHEN room <= 0 OR listed < want;
+        -- full, or every claimable project listed and tried (each round tries at least one more)
+        EXIT rounds WHEN room <= 0 OR (listed < want AND NOT cut);
     END LOOP;
 
     IF cursor_to IS NOT NULL THEN
@@ -6160,10 +6175,10 @@ REVOKE ALL ON FUNCTION dispatch._hold_for_breakers(run_ids bigint[]) FROM PUBLIC
 
 
 --
--- Name: FUNCTION _holds_projects(pid integer); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _holds_table(pid integer, tbl regclass); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._holds_projects(pid integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._holds_table(pid integer, tbl regclass) FROM PUBLIC;
 
 
 --
@@ -6281,6 +6296,13 @@ REVOKE ALL ON FUNCTION dispatch._require_read_committed(what text) FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION dispatch._retry_delay(s dispatch.schedules, attempt integer, retry_after_ms integer) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _row_holder(locker xid, tbl regclass); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._row_holder(locker xid, tbl regclass) FROM PUBLIC;
 
 
 --

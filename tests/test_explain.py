@@ -377,6 +377,24 @@ def test_a_project_at_its_max_concurrency(db: psycopg.Connection) -> None:
     explain_agrees(db)
 
 
+# A run that another transaction holds is skipped by the claim: in a capped project its room goes
+# to the run after it.
+def test_a_run_behind_one_another_transaction_holds_is_not_capped(db: psycopg.Connection,
+                                                                  connect: Connect) -> None:
+    first, second = add_schedule(db, YEARLY), add_schedule(db, YEARLY)
+    db.execute("INSERT INTO dispatch.projects (project_id, max_concurrency) VALUES ('proj_1', 1)")
+    make_due(db)
+    due(db, first, "date_trunc('minute', now()) - interval '2 minutes'")  # first in the claim's order
+    db.execute("SELECT dispatch.tick()")
+    assert state(db, second)["item"] == "capped"  # the room goes to first's run
+    # a disable of the first left open in psql: it ends first's run, which its transaction holds
+    dba = connect(autocommit=False)
+    dba.execute("UPDATE dispatch.schedules SET enabled = false WHERE id = %s", (first,))
+    # the next claim skips the held run and gives the room to second's: explain should say so
+    assert state(db, second)["item"] == "pending"
+    assert explain_agrees(db, skip=[first])["open run pending"] == 1
+
+
 def test_a_capped_projects_row_held_by_an_open_transaction(db: psycopg.Connection, connect: Connect) -> None:
     sid = add_schedule(db, YEARLY)
     uncapped = add_schedule(db, YEARLY)

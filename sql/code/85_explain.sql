@@ -75,48 +75,47 @@ EXCEPTION WHEN OTHERS THEN
 END
 $$;
 
--- Whether a backend holds more than a read's lock on dispatch.projects (a row lock, an update).
-CREATE OR REPLACE FUNCTION dispatch._holds_projects(pid integer)
+-- Whether a backend holds more than a read's lock on a table (a row lock, an update).
+DROP FUNCTION IF EXISTS dispatch._holds_projects(integer);
+CREATE OR REPLACE FUNCTION dispatch._holds_table(pid integer, tbl regclass)
 RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks t
-                   WHERE t.pid = _holds_projects.pid AND t.locktype = 'relation'
+                   WHERE t.pid = _holds_table.pid AND t.locktype = 'relation'
                      AND t.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
-                     AND t.relation = 'dispatch.projects'::regclass AND t.granted AND t.mode <> 'AccessShareLock')
+                     AND t.relation = _holds_table.tbl AND t.granted AND t.mode <> 'AccessShareLock')
 $$;
 
--- Which backend holds a project's row in dispatch.projects, so that dispatch.claim_runs' FOR NO
--- KEY UPDATE SKIP LOCKED leaves the project out: its pid, or NULL. Read, not probed: a row lock
--- of explain's own, even rolled back at once, would give a reader's transaction an xid, fail in
--- a read-only one, and make a claim at that instant skip the project. The row's xmax (or a
--- member of its MultiXactId) holds it while it is in progress and holds more than a read's lock
--- on the table; a FOR KEY SHARE lock, which claims pass, counts too (pgdispatch takes none).
-CREATE OR REPLACE FUNCTION dispatch._project_holder(project text)
+-- Which backend holds a row of tbl whose xmax is `locker`, so that a claim's SKIP LOCKED passes
+-- it by: its pid, or NULL. Read, not probed: a row lock of explain's own, even rolled back at
+-- once, would give a reader's transaction an xid, fail in a read-only one, and make a claim at
+-- that instant skip the row. The row's xmax (or a member of its MultiXactId) holds it while it
+-- is in progress and holds more than a read's lock on the table; a FOR KEY SHARE lock, which
+-- claims pass, counts too (pgdispatch takes none).
+CREATE OR REPLACE FUNCTION dispatch._row_holder(locker xid, tbl regclass)
 RETURNS integer
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    locker xid;
     holder integer;
 BEGIN
-    SELECT p.xmax INTO locker FROM dispatch.projects p WHERE p.project_id = project;
     IF locker IS NULL OR locker = '0'::xid THEN
         RETURN NULL;
     END IF;
     -- a transaction that locked or updated it, in progress; else several that share it
     SELECT l.pid INTO holder FROM pg_catalog.pg_locks l
     WHERE l.locktype = 'transactionid' AND l.transactionid = locker AND l.mode = 'ExclusiveLock' AND l.granted
-      AND dispatch._holds_projects(l.pid);
+      AND dispatch._holds_table(l.pid, tbl);
     IF holder IS NULL THEN
         BEGIN
             SELECT l.pid INTO holder
             FROM pg_catalog.pg_get_multixact_members(locker) m
             JOIN pg_catalog.pg_locks l
               ON l.locktype = 'transactionid' AND l.transactionid = m.xid AND l.mode = 'ExclusiveLock' AND l.granted
-            WHERE m.mode <> 'keysh' AND dispatch._holds_projects(l.pid)
+            WHERE m.mode <> 'keysh' AND dispatch._holds_table(l.pid, tbl)
             ORDER BY l.pid LIMIT 1;
         EXCEPTION WHEN OTHERS THEN  -- no MultiXactId of that number (most often: a claim long committed)
             NULL;
@@ -124,6 +123,16 @@ BEGIN
     END IF;
     RETURN holder;
 END
+$$;
+
+-- Which backend holds a project's row in dispatch.projects, so that dispatch.claim_runs' FOR NO
+-- KEY UPDATE SKIP LOCKED leaves the project out: its pid, or NULL.
+CREATE OR REPLACE FUNCTION dispatch._project_holder(project text)
+RETURNS integer
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT dispatch._row_holder(p.xmax, 'dispatch.projects') FROM dispatch.projects p WHERE p.project_id = project
 $$;
 
 -- A capped project as the next claim sees it (docs/projects.md): its cap, its running runs, who
@@ -150,16 +159,19 @@ BEGIN
     _explain_cap.holder := dispatch._project_holder(_explain_cap.project);
     room := CASE WHEN _explain_cap.holder IS NULL
                  THEN greatest(_explain_cap.max_concurrency - _explain_cap.running, 0) ELSE 0 END;
-    -- not_before over first, then by slot, each from the project's own queue
+    -- not_before over first, then by slot, each from the project's own queue, past the runs
+    -- another transaction holds (the claim's SKIP LOCKED)
     _explain_cap.takes := ARRAY(
         SELECT q.id FROM (
             (SELECT r.id, 1 AS queue, r.not_before AS k FROM dispatch.runs r
              WHERE r.project_id = _explain_cap.project AND r.status = 'pending'
                AND r.not_before IS NOT NULL AND r.not_before <= now()
+               AND dispatch._row_holder(r.xmax, 'dispatch.runs') IS NULL
              ORDER BY r.project_id, r.not_before, r.id LIMIT room)
             UNION ALL
             (SELECT r.id, 2, r.scheduled_for FROM dispatch.runs r
              WHERE r.project_id = _explain_cap.project AND r.status = 'pending' AND r.not_before IS NULL
+               AND dispatch._row_holder(r.xmax, 'dispatch.runs') IS NULL
              ORDER BY r.project_id, r.scheduled_for, r.id LIMIT room)) q
         ORDER BY q.queue, q.k, q.id
         LIMIT room);
