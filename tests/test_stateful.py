@@ -78,12 +78,12 @@ class Claim:
 
 
 # The open runs, and whatever the runs in `ids` became (a claim ends some): what a claim is
-# judged on, read before and after it; whether a claim at `at` may take each.
+# judged on, read before and after it. A run waiting behind another (not_before 'infinity', which
+# Python's datetime cannot hold) is parked.
 OPEN_RUNS = """
-    SELECT r.id, r.project_id, r.status, r.not_before::text,
-           r.status = 'pending' AND (r.not_before IS NULL OR r.not_before <= %(at)s)
+    SELECT r.id, r.project_id, r.status, nullif(r.not_before, 'infinity'), r.not_before = 'infinity'
     FROM dispatch.runs r
-    WHERE r.status IN ('pending', 'running') OR r.id = ANY (%(ids)s::bigint[])
+    WHERE r.status IN ('pending', 'running') OR r.id = ANY (%s::bigint[])
 """
 
 
@@ -154,6 +154,16 @@ class DispatchWalk(RuleBasedStateMachine):
         return Counter(dict(self.sessions.clock.execute(
             "SELECT project_id, count(*) FROM dispatch.runs WHERE status = 'running' GROUP BY project_id")))
 
+    def held_by_others(self, run_ids: list[int]) -> set[int]:
+        """Those of the runs that another transaction holds now (a lock the clock cannot take)."""
+        if not run_ids:
+            return set()
+        clock = self.sessions.clock
+        with clock.transaction(force_rollback=True):
+            free = {run_id for (run_id,) in clock.execute(
+                "SELECT id FROM dispatch.runs WHERE id = ANY (%s) FOR UPDATE SKIP LOCKED", (run_ids,))}
+        return set(run_ids) - free
+
     def cap_committed(self, project: str, cap: int | None) -> None:
         """A project's cap as committed now: what runs beyond it may go on, none may join them."""
         self.caps.pop(project, None)
@@ -164,34 +174,46 @@ class DispatchWalk(RuleBasedStateMachine):
             if running > cap:
                 DispatchWalk.seen_outcomes["cap below running"] += 1
 
-    def claim_was_right(self, n: int, before: dict[int, tuple[Any, ...]], after: dict[int, tuple[Any, ...]],
-                        taken: set[int]) -> None:
-        """Invariant 10, for one claim of n, from the open runs (OPEN_RUNS) before and after it.
-        What it used (runs it started, ended instead, or left to wait for their breaker's probe)
-        counts against a capped project's room: its cap less its running runs, none while the DBA
-        holds its row. Then, when no other transaction holds runs (the DBA's project row holds
-        none) and the claim ended none (an end may let a run waiting behind it go in the same
-        claim), it used exactly min(n, what each project's room allows of its due runs)."""
-        claimable = {run_id for run_id, row in before.items() if row[4]}
+    def claim_was_right(self, n: int, at: datetime, before: dict[int, tuple[Any, ...]],
+                        after: dict[int, tuple[Any, ...]], taken: set[int], held: set[int]) -> None:
+        """Invariant 10, for one claim of n at `at` (its now()), from the open runs (OPEN_RUNS)
+        before and after it and the runs another transaction held meanwhile (a disable left open
+        ends its schedule's runs, so locks them). What the claim used (runs it started, ended
+        instead, or left to wait for their breaker's probe) is none of those, and counts against a
+        capped project's room: its cap less its running runs, none while the DBA holds its row.
+        When no run was held, it used exactly min(n, what each project's room allows of its due
+        runs); or as much or more when it ended runs (an end may let a run waiting behind it go in
+        the same claim)."""
+        claimable = {run_id for run_id, _, status, not_before, parked in before.values()
+                     if status == "pending" and not parked and (not_before is None or not_before <= at)}
         running = Counter(project for _, project, status, *_ in before.values() if status == "running")
-        due = Counter(before[run_id][1] for run_id in claimable)
+        due = Counter(before[run_id][1] for run_id in claimable - held)
         assert all(after[run_id][2] == "running" for run_id in taken), taken
-        used = taken | {run_id for run_id in claimable if after[run_id][2:4] != before[run_id][2:4]}
+        used = taken | {run_id for run_id in claimable if after[run_id][2:] != before[run_id][2:]}
         used_by = Counter(after[run_id][1] for run_id in used)
         assert len(used) <= n, f"a claim of {n} used {sorted(used)}"
+        assert not used & held, f"a claim took {sorted(used & held)}, which another transaction held"
         room: dict[str, int] = {}
         for project, cap in self.caps.items():
-            held = self.dba_open == "project" and self.dba_project == project
-            room[project] = 0 if held else max(cap - running[project], 0)
-            if held and due[project]:
+            project_held = self.dba_open == "project" and self.dba_project == project
+            room[project] = 0 if project_held else max(cap - running[project], 0)
+            if project_held and due[project]:
                 DispatchWalk.seen_outcomes["claim skips a held project"] += 1
             assert used_by[project] <= room[project], \
                 f"a claim took {used_by[project]} runs of {project} (cap {cap}, {running[project]} running," \
-                f" held: {held})"
-        ended = [run_id for run_id in before if after[run_id][2] not in ("pending", "running")]
-        if self.dba_open not in (None, "project") or ended:
-            return
+                f" its row held: {project_held})"
         expected = min(n, sum(min(k, room.get(project, k)) for project, k in due.items()))
+        if held:
+            # Here too it should use exactly `expected`: the held runs aside, other projects' due
+            # runs may go. But claim_runs lists at most n projects and stops there when their due
+            # runs are held (a known defect: a disable of pa's schedule left open, runs of pa and
+            # pb due, claim_runs('w', 1) takes nothing). Counted, not asserted, until it is fixed.
+            if len(used) < expected:
+                DispatchWalk.seen_outcomes["claim short beside held runs (known defect)"] += 1
+            return
+        if any(after[run_id][2] not in ("pending", "running") for run_id in before):
+            assert len(used) >= expected, f"a claim of {n} that ended runs used {sorted(used)}, < {expected}"
+            return
         assert len(used) == expected, \
             f"a claim of {n} used {sorted(used)}, not {expected}: due {dict(due)}, room {room}"
         assert used <= claimable
@@ -209,7 +231,8 @@ class DispatchWalk(RuleBasedStateMachine):
                 self.sessions.admin.execute(
                     "INSERT INTO dispatch.projects (project_id, max_concurrency, weight) VALUES (%s, %s, %s)",
                     (project, cap, weight))
-                self.cap_committed(project, cap)
+                if cap is not None:  # (nothing runs yet)
+                    self.caps[project] = self.ceiling[project] = cap
 
     # -- the system ---------------------------------------------------------------------------
 
@@ -242,16 +265,20 @@ class DispatchWalk(RuleBasedStateMachine):
         self.step()
         s = self.sessions
         listener = s.listeners[i]
-        # the claim in a transaction of its own, so that the queue is judged at its now()
-        with listener.transaction():
-            at: datetime = one(listener, "SELECT now()")
-            before = {row[0]: row for row in s.clock.execute(OPEN_RUNS, {"at": at, "ids": []})}
-            rows = listener.execute(
-                "SELECT run_id, schedule_id, attempt, lease_until"
-                " FROM dispatch.claim_runs(%s, %s, %s::interval)",
-                (f"w{i}", n, "1 millisecond" if short_lease else "1 hour")).fetchall()
-        after = {row[0]: row for row in s.clock.execute(OPEN_RUNS, {"at": at, "ids": list(before)})}
-        self.claim_was_right(n, before, after, {row[0] for row in rows})
+        before = {row[0]: row for row in s.clock.execute(OPEN_RUNS, ([],))}
+        # (only the DBA's open transaction can hold runs: the other sessions commit each statement)
+        held = set() if self.dba_open is None else self.held_by_others(
+            [run_id for run_id, _, status, _, parked in before.values()
+             if status == "pending" and not parked])
+        # with the claim's now(), which the queue is judged at (a row even when it takes nothing)
+        claimed = listener.execute(
+            "SELECT now(), c.run_id, c.schedule_id, c.attempt, c.lease_until"
+            " FROM (SELECT) AS one_row LEFT JOIN dispatch.claim_runs(%s, %s, %s::interval) c ON true",
+            (f"w{i}", n, "1 millisecond" if short_lease else "1 hour")).fetchall()
+        at: datetime = claimed[0][0]
+        rows = [row[1:] for row in claimed if row[1] is not None]
+        after = {row[0]: row for row in s.clock.execute(OPEN_RUNS, (list(before),))}
+        self.claim_was_right(n, at, before, after, {row[0] for row in rows}, held)
         now = one(s.clock, "SELECT clock_timestamp()")
         for run_id, schedule_id, attempt, lease_until in rows:
             if run_id in self.retry_at:
@@ -420,11 +447,13 @@ class DispatchWalk(RuleBasedStateMachine):
         self.cap_committed(project, None if delete else cap)
 
     # (no precondition on what runs: that depends on the real clock, see listener_completes)
-    @rule()
-    def admin_lowers_a_cap_below_what_runs(self) -> None:
-        """The cap of the project with the most running runs lowered under them (to one, when one
-        runs): the cap then only stops new claims. Few runs run at once in a walk, seldom when
-        admin_sets_a_project is drawn."""
+    @rule(i=st.integers(0, 1))
+    def admin_lowers_a_cap_below_what_runs(self, i: int) -> None:
+        """A listener claims what is due (up to 4, an hour's lease), then the cap of the project
+        with the most running runs is lowered under them (to one, when one runs): the cap then
+        only stops new claims. Few runs run at once in a walk, seldom when admin_sets_a_project
+        is drawn."""
+        self.listener_claims(i, 4, False)
         running = self.running()
         busiest = max(sorted(set(PROJECTS) - {self.dba_project}), key=lambda project: running[project])
         if not running[busiest]:
@@ -639,18 +668,6 @@ class DispatchWalk(RuleBasedStateMachine):
     @invariant()
     def invariants_hold(self) -> None:
         clock = self.sessions.clock
-        # 10. no capped project runs more than its cap, but for runs that ran before the cap came
-        # (or before their schedule moved in), of which none is replaced; the model's caps are
-        # the committed ones
-        caps = {project: (cap, running) for project, cap, running in clock.execute(
-            "SELECT p.project_id, p.max_concurrency, (SELECT count(*) FROM dispatch.runs r"
-            "   WHERE r.status = 'running' AND r.project_id = p.project_id)"
-            " FROM dispatch.projects p WHERE p.max_concurrency IS NOT NULL")}
-        assert {project: cap for project, (cap, _) in caps.items()} == self.caps
-        for project, (cap, running) in caps.items():
-            assert running <= self.ceiling[project], \
-                f"{project}: {running} running, above its cap {cap} and the {self.ceiling[project]} it had"
-            self.ceiling[project] = max(cap, running)
         # 2. live <=> a next slot, always later than every finished slot
         assert clock.execute("""
             SELECT s.id FROM dispatch.schedules s
@@ -683,7 +700,21 @@ class DispatchWalk(RuleBasedStateMachine):
             GROUP BY r.id, r.status
             HAVING count(a.id) <> CASE WHEN r.status IN ('pending', 'running') THEN 0 ELSE 1 END
             """).fetchall() == []
-        runs_count = one(clock, "SELECT count(*) FROM dispatch.runs")
+        # (with each capped project's cap and running runs: one round trip less a step)
+        runs_count, caps = clock.execute(
+            "SELECT (SELECT count(*) FROM dispatch.runs),"
+            "       (SELECT coalesce(jsonb_object_agg(p.project_id, jsonb_build_array(p.max_concurrency,"
+            "                          (SELECT count(*) FROM dispatch.runs r"
+            "                           WHERE r.status = 'running' AND r.project_id = p.project_id))), '{}')"
+            "        FROM dispatch.projects p WHERE p.max_concurrency IS NOT NULL)").fetchone()  # type: ignore[misc]
+        # 10. no capped project runs more than its cap, but for runs that ran before the cap came
+        # (or before their schedule moved in), of which none is replaced; the model's caps are
+        # the committed ones
+        assert {project: cap for project, (cap, _) in caps.items()} == self.caps
+        for project, (cap, running) in caps.items():
+            assert running <= self.ceiling[project], \
+                f"{project}: {running} running, above its cap {cap} and the {self.ceiling[project]} it had"
+            self.ceiling[project] = max(cap, running)
         for status, error in clock.execute(
                 "SELECT status, CASE WHEN error LIKE 'missed by %%' THEN 'missed by'"
                 " WHEN status = 'error' THEN 'stopped in its back-off' ELSE left(error, 20) END"
@@ -850,7 +881,7 @@ def walk_by_hand(sessions: Sessions) -> None:
         walk.time_passes,
         walk.time_passes,
         lambda: walk.listener_claims(1, 4, False),  # both of pb's due runs
-        walk.admin_lowers_a_cap_below_what_runs,  # pb capped at 1, 2 running
+        lambda: walk.admin_lowers_a_cap_below_what_runs(1),  # pb capped at 1, 2 running
         lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0", "pb"),
         walk.time_passes,
         walk.time_passes,  # each of pb's schedules has a run due (the first two: overlap allow)
