@@ -204,6 +204,7 @@ class DispatchWalk(RuleBasedStateMachine):
                 f" its row held: {project_held})"
         expected = min(n, sum(min(k, room.get(project, k)) for project, k in due.items()))
         if held:
+            DispatchWalk.seen_outcomes["claim beside held runs"] += 1
             # Here too it should use exactly `expected`: the held runs aside, other projects' due
             # runs may go. But claim_runs lists at most n projects and stops there when their due
             # runs are held (a known defect: a disable of pa's schedule left open, runs of pa and
@@ -865,7 +866,8 @@ def walk_by_hand(sessions: Sessions) -> None:
     on timing. Here: an outcome the DBA's open edit makes busy, a stop during a retry's back-off,
     and a walk that ends on a paused schedule; then two runs of one project running, its cap
     lowered below them, and claims of its next runs that take none (the DBA holding its row for
-    one of them), and a walk that ends on a schedule whose due run the cap holds."""
+    one of them); a claim beside a due run that the DBA's open disable holds; and a walk that ends
+    on a schedule whose due run the cap holds."""
     walk = DispatchWalk()
     steps: list[Callable[[], None]] = [
         lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0", "pa"),
@@ -889,6 +891,12 @@ def walk_by_hand(sessions: Sessions) -> None:
         lambda: walk.listener_claims(1, 4, False),  # pb's row held: none of its runs
         lambda: walk.dba_ends_the_transaction(False),
         lambda: walk.listener_claims(1, 4, False),  # pb above its cap: none of its runs
+        lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0", "pc"),
+        walk.time_passes,
+        walk.time_passes,
+        lambda: walk.dba_leaves_an_edit_open(4, True, False),  # pc's due run, which the disable ends
+        lambda: walk.listener_claims(0, 4, False),  # beside it: none (pa paused, pb at its cap)
+        lambda: walk.dba_ends_the_transaction(False),
     ]
     for step in steps:
         step()
@@ -905,6 +913,7 @@ def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
     by_hand = dict(DispatchWalk.seen_outcomes)
     by_hand_reaches = {"busy", "retried", "error: stopped in its back-off", "explain state paused",
                        "cap below running", "claim skips a held project", "claim exact at a cap",
+                       "claim beside held runs",
                        "explain state capped", "explain open run capped"}
     assert by_hand_reaches <= set(by_hand), by_hand
     DispatchWalk.steps = 0
