@@ -1,10 +1,13 @@
 """A random walk over everything listeners, pg_cron and DBAs do to the SQL core: tick, claim,
 complete (ok, final errors, retryable ones), release, leases that expire, definition edits,
 disable, pause, delete, a zone dropped from tzdata, and transactions left open in psql (an edit,
-a tick), on schedules with every run policy (overlap, catch-up, misfire grace, retries). Several
-real sessions, with the roles a deployment gives them; the invariants of DESIGN.md are checked
-after every step, and dispatch.explain's verdict for every schedule against what the next tick
-and claim do at the end of each walk.
+a tick, a project's row), on schedules with every run policy (overlap, catch-up, misfire grace,
+retries), in three projects whose max_concurrency and weight an administrator sets, lowers below
+what runs and clears, and between which schedules move. Several real sessions, with the roles a
+deployment gives them; the invariants of DESIGN.md are checked after every step (10: no claim
+takes a capped project above its cap, and a claim that nothing else holds back takes exactly
+min(asked, what the caps allow, what is due)), and dispatch.explain's verdict for every schedule
+against what the next tick and claim do at the end of each walk.
 
 CI runs a fixed seed (derandomized). A long walk by hand (explain checked every 3rd step too):
 
@@ -28,6 +31,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -46,6 +50,11 @@ def slot_rule(expr: str) -> tuple[str | None, str | None]:
     """(cron_expression, every) for an entry of EXPRESSIONS."""
     return (None, expr.removeprefix("every ")) if expr.startswith("every ") else (expr, None)
 ZONES = ["UTC", "Europe/Berlin", "Asia/Kolkata"]
+# The tenants. A project has a dispatch.projects row or none (no cap, weight 1); caps of one or
+# two, so that a project's few schedules meet them.
+PROJECTS = ["pa", "pb", "pc"]
+CAPS = [None, 1, 2]
+WEIGHTS = [1, 2, 3]
 EXAMPLES = int(os.environ.get("PGDISPATCH_STATEFUL_EXAMPLES", "300"))
 # The CI walk is always the same (derandomized); a long walk by hand explores new ones.
 FIXED_SEED = "PGDISPATCH_STATEFUL_EXAMPLES" not in os.environ
@@ -66,6 +75,16 @@ class Claim:
     schedule_id: str
     attempt: int
     lease_until: datetime
+
+
+# The open runs, and whatever the runs in `ids` became (a claim ends some): what a claim is
+# judged on, read before and after it. A run waiting behind another (not_before 'infinity', which
+# Python's datetime cannot hold) is parked.
+OPEN_RUNS = """
+    SELECT r.id, r.project_id, r.status, nullif(r.not_before, 'infinity'), r.not_before = 'infinity'
+    FROM dispatch.runs r
+    WHERE r.status IN ('pending', 'running') OR r.id = ANY (%s::bigint[])
+"""
 
 
 @dataclass
@@ -94,6 +113,9 @@ class DispatchWalk(RuleBasedStateMachine):
         # each walk from nothing: a breaker an earlier walk opened would hold this one's runs
         # for as long as its probes are spaced in real time
         s.clock.execute("TRUNCATE dispatch.runs, dispatch.audit_log, dispatch.schedules, dispatch.breakers")
+        s.clock.execute("DELETE FROM dispatch.projects")  # (a few rows: cheaper than a truncation)
+        for listener in s.listeners:  # round-robin from the first project, as a new session's claims
+            listener.execute("SELECT set_config('dispatch.claim_cursor', '', false)")
         self.horizon: datetime = one(s.clock, "SELECT date_trunc('minute', now())")
         self.schedules: list[str] = []
         self.gone_zone: set[str] = set()
@@ -108,6 +130,14 @@ class DispatchWalk(RuleBasedStateMachine):
         self.last_seen_run = 0
         self.dba_open: str | None = None  # "edit" or "tick"
         self.dba_holds: str | None = None  # the schedule an open edit holds
+        # "project": the DBA's open transaction holds that project's row, setting this cap
+        self.dba_project: str | None = None
+        self.dba_cap: int | None = None
+        # Invariant 10. The caps as committed, and the most runs each capped project may have
+        # running: its cap, or what ran when the cap came (lowered below it) or when a schedule
+        # brought its running runs in, which then only falls as they end.
+        self.caps: dict[str, int] = {}
+        self.ceiling: dict[str, int] = {}
 
     def step(self) -> None:
         DispatchWalk.steps += 1
@@ -119,6 +149,84 @@ class DispatchWalk(RuleBasedStateMachine):
         """A schedule with a run some listener holds, if there is one."""
         claimed = [c.schedule_id for claims in self.claims for c in claims]
         return claimed[index % len(claimed)] if claimed else self.pick(index)
+
+    def running(self) -> Counter[str]:
+        return Counter(dict(self.sessions.clock.execute(
+            "SELECT project_id, count(*) FROM dispatch.runs WHERE status = 'running' GROUP BY project_id")))
+
+    def held_by_others(self, run_ids: list[int]) -> set[int]:
+        """Those of the runs that another transaction holds now (a lock the clock cannot take)."""
+        if not run_ids:
+            return set()
+        clock = self.sessions.clock
+        with clock.transaction(force_rollback=True):
+            free = {run_id for (run_id,) in clock.execute(
+                "SELECT id FROM dispatch.runs WHERE id = ANY (%s) FOR UPDATE SKIP LOCKED", (run_ids,))}
+        return set(run_ids) - free
+
+    def cap_committed(self, project: str, cap: int | None) -> None:
+        """A project's cap as committed now: what runs beyond it may go on, none may join them."""
+        self.caps.pop(project, None)
+        self.ceiling.pop(project, None)
+        if cap is not None:
+            running = self.running()[project]
+            self.caps[project], self.ceiling[project] = cap, max(cap, running)
+            if running > cap:
+                DispatchWalk.seen_outcomes["cap below running"] += 1
+
+    def claim_was_right(self, n: int, at: datetime, before: dict[int, tuple[Any, ...]],
+                        after: dict[int, tuple[Any, ...]], taken: set[int], held: set[int]) -> None:
+        """Invariant 10, for one claim of n at `at` (its now()), from the open runs (OPEN_RUNS)
+        before and after it and the runs another transaction held meanwhile (a disable left open
+        ends its schedule's runs, so locks them). What the claim used (runs it started, ended
+        instead, or left to wait for their breaker's probe) is none of those, and counts against a
+        capped project's room: its cap less its running runs, none while the DBA holds its row.
+        It used exactly min(n, what each project's room allows of its due runs, the held ones
+        aside); or as much or more when it ended runs (an end may let a run waiting behind it go
+        in the same claim)."""
+        claimable = {run_id for run_id, _, status, not_before, parked in before.values()
+                     if status == "pending" and not parked and (not_before is None or not_before <= at)}
+        running = Counter(project for _, project, status, *_ in before.values() if status == "running")
+        due = Counter(before[run_id][1] for run_id in claimable - held)
+        assert all(after[run_id][2] == "running" for run_id in taken), taken
+        used = taken | {run_id for run_id in claimable if after[run_id][2:] != before[run_id][2:]}
+        used_by = Counter(after[run_id][1] for run_id in used)
+        assert len(used) <= n, f"a claim of {n} used {sorted(used)}"
+        assert not used & held, f"a claim took {sorted(used & held)}, which another transaction held"
+        room: dict[str, int] = {}
+        for project, cap in self.caps.items():
+            project_held = self.dba_open == "project" and self.dba_project == project
+            room[project] = 0 if project_held else max(cap - running[project], 0)
+            if project_held and due[project]:
+                DispatchWalk.seen_outcomes["claim skips a held project"] += 1
+            assert used_by[project] <= room[project], \
+                f"a claim took {used_by[project]} runs of {project} (cap {cap}, {running[project]} running," \
+                f" its row held: {project_held})"
+        expected = min(n, sum(min(k, room.get(project, k)) for project, k in due.items()))
+        if held:
+            DispatchWalk.seen_outcomes["claim beside held runs"] += 1
+        if any(after[run_id][2] not in ("pending", "running") for run_id in before):
+            assert len(used) >= expected, f"a claim of {n} that ended runs used {sorted(used)}, < {expected}"
+            return
+        assert len(used) == expected, \
+            f"a claim of {n} used {sorted(used)}, not {expected}: due {dict(due)}, room {room}"
+        assert used <= claimable
+        DispatchWalk.seen_outcomes["claim exact"] += 1
+        if any(k > room.get(project, k) for project, k in due.items()):
+            DispatchWalk.seen_outcomes["claim exact at a cap"] += 1
+
+    # Each walk starts with its projects capped or not and weighed as drawn: left to the rules
+    # alone, a walk of 50 steps would seldom have a cap meet due runs.
+    @initialize(caps=st.lists(st.sampled_from(CAPS), min_size=len(PROJECTS), max_size=len(PROJECTS)),
+                weights=st.lists(st.sampled_from(WEIGHTS), min_size=len(PROJECTS), max_size=len(PROJECTS)))
+    def projects_are_set_up(self, caps: list[int | None], weights: list[int]) -> None:
+        for project, cap, weight in zip(PROJECTS, caps, weights, strict=True):
+            if cap is not None or weight != 1:
+                self.sessions.admin.execute(
+                    "INSERT INTO dispatch.projects (project_id, max_concurrency, weight) VALUES (%s, %s, %s)",
+                    (project, cap, weight))
+                if cap is not None:  # (nothing runs yet)
+                    self.caps[project] = self.ceiling[project] = cap
 
     # -- the system ---------------------------------------------------------------------------
 
@@ -150,9 +258,21 @@ class DispatchWalk(RuleBasedStateMachine):
     def listener_claims(self, i: int, n: int, short_lease: bool) -> None:
         self.step()
         s = self.sessions
-        rows = s.listeners[i].execute(
-            "SELECT run_id, schedule_id, attempt, lease_until FROM dispatch.claim_runs(%s, %s, %s::interval)",
+        listener = s.listeners[i]
+        before = {row[0]: row for row in s.clock.execute(OPEN_RUNS, ([],))}
+        # (only the DBA's open transaction can hold runs: the other sessions commit each statement)
+        held = set() if self.dba_open is None else self.held_by_others(
+            [run_id for run_id, _, status, _, parked in before.values()
+             if status == "pending" and not parked])
+        # with the claim's now(), which the queue is judged at (a row even when it takes nothing)
+        claimed = listener.execute(
+            "SELECT now(), c.run_id, c.schedule_id, c.attempt, c.lease_until"
+            " FROM (SELECT) AS one_row LEFT JOIN dispatch.claim_runs(%s, %s, %s::interval) c ON true",
             (f"w{i}", n, "1 millisecond" if short_lease else "1 hour")).fetchall()
+        at: datetime = claimed[0][0]
+        rows = [row[1:] for row in claimed if row[1] is not None]
+        after = {row[0]: row for row in s.clock.execute(OPEN_RUNS, (list(before),))}
+        self.claim_was_right(n, at, before, after, {row[0] for row in rows}, held)
         now = one(s.clock, "SELECT clock_timestamp()")
         for run_id, schedule_id, attempt, lease_until in rows:
             if run_id in self.retry_at:
@@ -287,18 +407,78 @@ class DispatchWalk(RuleBasedStateMachine):
     @rule(expr=st.sampled_from(EXPRESSIONS), zone=st.sampled_from(ZONES), attempts=st.integers(1, 3),
           overlap=st.sampled_from(["skip", "buffer_one", "allow"]),
           catchup=st.sampled_from(["latest", "all"]),
-          grace=st.sampled_from([None, "30 minutes", "3 hours"]), jitter=st.sampled_from(["0", "20 seconds"]))
+          grace=st.sampled_from([None, "30 minutes", "3 hours"]), jitter=st.sampled_from(["0", "20 seconds"]),
+          project=st.sampled_from(PROJECTS))
     def admin_adds(self, expr: str, zone: str, attempts: int, overlap: str, catchup: str,
-                   grace: str | None, jitter: str) -> None:
+                   grace: str | None, jitter: str, project: str) -> None:
         self.step()
         # Back-offs of milliseconds: retries come due by the real clock within a few steps.
         self.schedules.append(str(one(
             self.sessions.admin,
             "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, every, timezone,"
             " max_attempts, overlap, catchup, misfire_grace, retry_backoff, retry_backoff_max, jitter)"
-            " VALUES ('walk', 'fn', %s, %s, %s, %s, %s, %s, %s, '5 milliseconds', '40 milliseconds', %s)"
+            " VALUES (%s, 'fn', %s, %s, %s, %s, %s, %s, %s, '5 milliseconds', '40 milliseconds', %s)"
             " RETURNING id",
-            (*slot_rule(expr), zone, attempts, overlap, catchup if grace else "latest", grace, jitter))))
+            (project, *slot_rule(expr), zone, attempts, overlap, catchup if grace else "latest", grace,
+             jitter))))
+
+    @rule(project=st.sampled_from(PROJECTS), cap=st.sampled_from(CAPS), weight=st.sampled_from(WEIGHTS),
+          delete=st.sampled_from([False, False, False, True]))
+    def admin_sets_a_project(self, project: str, cap: int | None, weight: int, delete: bool) -> None:
+        """An administrator caps a project, lifts or lowers its cap, weighs it, or deletes its row
+        (the defaults)."""
+        self.step()
+        if project == self.dba_project:
+            return  # the DBA's open transaction holds its row: the administrator would wait on the DBA
+        if delete:
+            self.sessions.admin.execute("DELETE FROM dispatch.projects WHERE project_id = %s", (project,))
+        else:
+            self.sessions.admin.execute(
+                "INSERT INTO dispatch.projects (project_id, max_concurrency, weight) VALUES (%s, %s, %s)"
+                " ON CONFLICT (project_id) DO UPDATE"
+                " SET max_concurrency = excluded.max_concurrency, weight = excluded.weight",
+                (project, cap, weight))
+        self.cap_committed(project, None if delete else cap)
+
+    # (no precondition on what runs: that depends on the real clock, see listener_completes)
+    @rule(i=st.integers(0, 1))
+    def admin_lowers_a_cap_below_what_runs(self, i: int) -> None:
+        """A listener claims what is due (up to 4, an hour's lease), then the cap of the project
+        with the most running runs is lowered under them (to one, when one runs): the cap then
+        only stops new claims. Few runs run at once in a walk, seldom when admin_sets_a_project
+        is drawn."""
+        self.listener_claims(i, 4, False)
+        running = self.running()
+        busiest = max(sorted(set(PROJECTS) - {self.dba_project}), key=lambda project: running[project])
+        if not running[busiest]:
+            return
+        self.step()
+        cap = max(running[busiest] - 1, 1)
+        self.sessions.admin.execute(
+            "INSERT INTO dispatch.projects (project_id, max_concurrency) VALUES (%s, %s)"
+            " ON CONFLICT (project_id) DO UPDATE SET max_concurrency = excluded.max_concurrency",
+            (busiest, cap))
+        self.cap_committed(busiest, cap)
+
+    @precondition(lambda self: self.schedules and self.admin_may_write())
+    @rule(pick=st.integers(0, 99), project=st.sampled_from(PROJECTS), of_a_claimed_run=st.booleans())
+    def admin_moves_a_schedule(self, pick: int, project: str, of_a_claimed_run: bool) -> None:
+        """A schedule moves to another project, its open runs with it: running ones count against
+        the new project's cap (they may take it above: the cap then stops new claims)."""
+        self.step()
+        sid = self.pick_claimed(pick) if of_a_claimed_run else self.pick(pick)
+        if sid == self.dba_holds:
+            return  # the DBA's open transaction holds it: the administrator would wait on the DBA
+        try:
+            self.sessions.admin.execute("UPDATE dispatch.schedules SET project_id = %s WHERE id = %s",
+                                        (project, sid))
+        except errors.InvalidParameterValue:
+            assert sid in self.gone_zone
+        running = self.running()
+        for capped, cap in self.caps.items():
+            if running[capped] > max(cap, self.ceiling[capped]):
+                DispatchWalk.seen_outcomes["moved above a cap"] += 1
+            self.ceiling[capped] = max(self.ceiling[capped], running[capped])
 
     @precondition(lambda self: self.schedules and self.admin_may_write())
     @rule(pick=st.integers(0, 99), change=st.sampled_from(
@@ -415,6 +595,18 @@ class DispatchWalk(RuleBasedStateMachine):
                 DispatchWalk.seen_outcomes["busy"] += 1
 
     @precondition(lambda self: self.dba_open is None)
+    @rule(project=st.sampled_from(PROJECTS), cap=st.sampled_from(CAPS))
+    def dba_leaves_a_project_open(self, project: str, cap: int | None) -> None:
+        """A change of a project's cap left open in psql: while it holds the row, every claim
+        skips the project if it is capped, and no one else waits."""
+        self.step()
+        self.sessions.dba.execute(
+            "INSERT INTO dispatch.projects (project_id, max_concurrency) VALUES (%s, %s)"
+            " ON CONFLICT (project_id) DO UPDATE SET max_concurrency = excluded.max_concurrency",
+            (project, cap))
+        self.dba_open, self.dba_project, self.dba_cap = "project", project, cap
+
+    @precondition(lambda self: self.dba_open is None)
     @rule()
     def dba_leaves_a_tick_open(self) -> None:
         self.step()
@@ -427,7 +619,9 @@ class DispatchWalk(RuleBasedStateMachine):
         self.step()
         dba = self.sessions.dba
         dba.commit() if commit else dba.rollback()
-        self.dba_open = self.dba_holds = None
+        if commit and self.dba_project is not None:
+            self.cap_committed(self.dba_project, self.dba_cap)
+        self.dba_open = self.dba_holds = self.dba_project = None
 
     @precondition(lambda self: self.schedules and self.dba_open is None)
     @rule(pick=st.integers(0, 99), gone=st.booleans(), of_a_claimed_run=st.booleans(),
@@ -456,6 +650,7 @@ class DispatchWalk(RuleBasedStateMachine):
         and no slot with a scheduled run is also in a gap."""
         if self.dba_open is not None:
             self.sessions.dba.rollback()
+            self.dba_open = self.dba_holds = self.dba_project = None
         for sid in set(self.schedules) - self.rule_changed:
             row = self.sessions.clock.execute(ACCOUNTING, {"sid": sid}).fetchone()
             assert row is not None
@@ -499,7 +694,21 @@ class DispatchWalk(RuleBasedStateMachine):
             GROUP BY r.id, r.status
             HAVING count(a.id) <> CASE WHEN r.status IN ('pending', 'running') THEN 0 ELSE 1 END
             """).fetchall() == []
-        runs_count = one(clock, "SELECT count(*) FROM dispatch.runs")
+        # (with each capped project's cap and running runs: one round trip less a step)
+        runs_count, caps = clock.execute(
+            "SELECT (SELECT count(*) FROM dispatch.runs),"
+            "       (SELECT coalesce(jsonb_object_agg(p.project_id, jsonb_build_array(p.max_concurrency,"
+            "                          (SELECT count(*) FROM dispatch.runs r"
+            "                           WHERE r.status = 'running' AND r.project_id = p.project_id))), '{}')"
+            "        FROM dispatch.projects p WHERE p.max_concurrency IS NOT NULL)").fetchone()  # type: ignore[misc]
+        # 10. no capped project runs more than its cap, but for runs that ran before the cap came
+        # (or before their schedule moved in), of which none is replaced; the model's caps are
+        # the committed ones
+        assert {project: cap for project, (cap, _) in caps.items()} == self.caps
+        for project, (cap, running) in caps.items():
+            assert running <= self.ceiling[project], \
+                f"{project}: {running} running, above its cap {cap} and the {self.ceiling[project]} it had"
+            self.ceiling[project] = max(cap, running)
         for status, error in clock.execute(
                 "SELECT status, CASE WHEN error LIKE 'missed by %%' THEN 'missed by'"
                 " WHEN status = 'error' THEN 'stopped in its back-off' ELSE left(error, 20) END"
@@ -530,7 +739,9 @@ class DispatchWalk(RuleBasedStateMachine):
 def explain_agrees_in(walk: DispatchWalk) -> None:
     """For every schedule, dispatch.explain's verdict (and each open run's) is what the next tick
     and claim do: they run after it in one transaction, which is then rolled back. Not while the
-    DBA leaves a tick open (it holds what it ticked); the schedule an open edit holds is left out."""
+    DBA leaves a tick open (it holds what it ticked); the schedule an open edit holds is left out
+    (in a capped project, the others' verdicts give its held run's room to the runs after it, as
+    the claim's SKIP LOCKED does)."""
     if walk.dba_open == "tick":
         return
     seen = explain_agrees(walk.sessions.clock, skip=[walk.dba_holds] if walk.dba_holds else [])
@@ -627,7 +838,7 @@ def sessions(db: psycopg.Connection, connect: Callable[..., psycopg.Connection])
 
 
 # the verdicts of dispatch.explain every CI walk checks (the rarer ones are in tests/test_explain.py)
-EXPLAIN_STATES = ("live", "busy", "pending", "paused", "disabled", "deleted")
+EXPLAIN_STATES = ("live", "busy", "pending", "paused", "disabled", "deleted", "capped")
 
 
 def walk_by_hand(sessions: Sessions) -> None:
@@ -635,10 +846,13 @@ def walk_by_hand(sessions: Sessions) -> None:
     random ones. It reaches what a fixed seed's walks may miss: an edit of the rules draws other
     walks (hypothesis seeds them from the class's source), and which outcomes those reach depends
     on timing. Here: an outcome the DBA's open edit makes busy, a stop during a retry's back-off,
-    and a walk that ends on a paused schedule."""
+    and a walk that ends on a paused schedule; then two runs of one project running, its cap
+    lowered below them, and claims of its next runs that take none (the DBA holding its row for
+    one of them); a claim of one that goes past a project whose due run the DBA's open disable
+    holds; and a walk that ends on a schedule whose due run the cap holds."""
     walk = DispatchWalk()
     steps: list[Callable[[], None]] = [
-        lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0"),
+        lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0", "pa"),
         walk.time_passes,
         walk.time_passes,  # two minutes: its first slot is due even if a minute began since the walk's
         lambda: walk.listener_claims(0, 1, False),
@@ -646,6 +860,28 @@ def walk_by_hand(sessions: Sessions) -> None:
         lambda: walk.dba_ends_the_transaction(True),
         lambda: walk.listener_completes(0, 0, "retryable"),  # retried, its back-off begins
         lambda: walk.admin_changes(0, "pause", "* * * * *"),  # stopped in its back-off
+        lambda: walk.admin_adds("* * * * *", "UTC", 3, "allow", "latest", None, "0", "pb"),
+        lambda: walk.admin_adds("* * * * *", "UTC", 3, "allow", "latest", None, "0", "pb"),
+        walk.time_passes,
+        walk.time_passes,
+        lambda: walk.listener_claims(1, 4, False),  # both of pb's due runs
+        lambda: walk.admin_lowers_a_cap_below_what_runs(1),  # pb capped at 1, 2 running
+        lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0", "pb"),
+        walk.time_passes,
+        walk.time_passes,  # each of pb's schedules has a run due (the first two: overlap allow)
+        lambda: walk.dba_leaves_a_project_open("pb", 1),
+        lambda: walk.listener_claims(1, 4, False),  # pb's row held: none of its runs
+        lambda: walk.dba_ends_the_transaction(False),
+        lambda: walk.listener_claims(1, 4, False),  # pb above its cap: none of its runs
+        lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0", "pc"),
+        lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0", "pa"),
+        walk.time_passes,
+        walk.time_passes,
+        lambda: walk.dba_leaves_an_edit_open(4, True, False),  # pc's due run, which the disable ends
+        # a claim of one from after pa (listener 0's last claim): pb is at its cap, pc's run held,
+        # so it goes on to pa's new run
+        lambda: walk.listener_claims(0, 1, False),
+        lambda: walk.dba_ends_the_transaction(False),
     ]
     for step in steps:
         step()
@@ -660,7 +896,10 @@ def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
     DispatchWalk.seen_outcomes.clear()
     walk_by_hand(sessions)
     by_hand = dict(DispatchWalk.seen_outcomes)
-    by_hand_reaches = {"busy", "retried", "error: stopped in its back-off", "explain state paused"}
+    by_hand_reaches = {"busy", "retried", "error: stopped in its back-off", "explain state paused",
+                       "cap below running", "claim skips a held project", "claim exact at a cap",
+                       "claim beside held runs",
+                       "explain state capped", "explain open run capped"}
     assert by_hand_reaches <= set(by_hand), by_hand
     DispatchWalk.steps = 0
     machine = DispatchWalkExplainedEveryFewSteps if EXPLAIN_EVERY else DispatchWalk
@@ -676,7 +915,7 @@ def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
     reached = DispatchWalk.seen_outcomes
     expected = ["backfill", "busy", "fenced", "recorded", "retried", "retry claimed", "run now",
                 "skipped: schedule", "skipped: cannot compute", "skipped: missed by", "lost: lease",
-                "late call", "slots accounted for", "error: stopped in its back-off",
+                "late call", "slots accounted for", "error: stopped in its back-off", "claim exact",
                 *(f"explain state {v}" for v in EXPLAIN_STATES),
                 *(f"explain open run {v}" for v in ("pending", "running", "buffered", "waits_turn"))]
     for outcome in expected:
