@@ -4,6 +4,7 @@ test suite's toolchain: run in a copy of the checkout, with a venv of its own.""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -27,8 +28,11 @@ def test_the_demo_installs_the_package_and_its_runtime_dependencies_only(tmp_pat
     for name in ("dispatcher", "scripts"):
         shutil.copytree(ROOT / name, checkout / name, ignore=shutil.ignore_patterns("__pycache__"))
 
+    # the default major: under scripts/test --pg NN, PGDISPATCH_PG_MAJOR would have this copy fetch
+    # NN again, into a folder the postgres user cannot reach (pytest's tmp_path)
+    env = {name: value for name, value in os.environ.items() if name != "PGDISPATCH_PG_MAJOR"}
     done = subprocess.run([str(checkout / "scripts" / "demo"), "--help"], capture_output=True, text=True,
-                          timeout=600, check=False)
+                          timeout=600, check=False, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: pgdispatch demo")
 
