@@ -115,12 +115,13 @@ async def bare_invoker(template: str, *, total: int, concurrency: int) -> float:
         return total / (time.perf_counter() - started)
 
 
-def seed_schedules(db: psycopg.Connection, count: int) -> None:
-    """`count` schedules of project 'bench' (bench.common.SPREAD_CRON: none comes due by itself),
-    for end_to_end to make due; analysed."""
+def seed_schedules(db: psycopg.Connection, count: int, projects: int = 1) -> None:
+    """`count` schedules (bench.common.SPREAD_CRON: none comes due by itself) of project 'bench',
+    or spread round-robin over `projects` tenants, for end_to_end to make due; analysed."""
     db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
-               f" SELECT 'bench', 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
-               " FROM generate_series(1, %s) i", (count,))
+               " SELECT CASE WHEN %s = 1 THEN 'bench' ELSE 'tenant-' || lpad((i %% %s)::text, 5, '0') END,"
+               f" 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
+               " FROM generate_series(1, %s) i", (projects, projects, count))
     db.execute("VACUUM ANALYZE dispatch.schedules")
 
 
@@ -262,7 +263,7 @@ def single_latency(db: psycopg.Connection, sink: NginxSink, trials: int) -> list
 
 def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, rounds: int, single: int,
             data_dir: Path, log_level: str = "info", profile: bool = False,
-            fast: bool = False) -> dict[str, float]:
+            fast: bool = False, projects: int = 1) -> dict[str, float]:
     """Run the benchmark, print its figures, return the medians by name."""
     port = start_cluster(data_dir, fast=fast)
     results: dict[str, float] = {}
@@ -271,9 +272,9 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
         with NginxSink() as sink, psycopg.connect(url, autocommit=True) as db:
             print(f"dispatch: {'/'.join(map(str, runs))} slots due at once, "
                   f"{'/'.join(map(str, listener_counts))} listener(s) with concurrency {concurrency} each, "
-                  f"nginx sink; {os.cpu_count()} CPUs shared by PostgreSQL, sink and listeners; "
-                  f"cluster {cluster_kind(fast)}")
-            seed_schedules(db, max(runs))
+                  f"{projects:,} project(s), nginx sink; {os.cpu_count()} CPUs shared by PostgreSQL, "
+                  f"sink and listeners; cluster {cluster_kind(fast)}")
+            seed_schedules(db, max(runs), projects)
             asyncio.run(bare_invoker(sink.template, total=2000, concurrency=concurrency))  # warm-up
             sink.arrivals(2000)
 
@@ -366,6 +367,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--single", type=int, default=20, help="single-schedule latency trials")
+    parser.add_argument("--projects", type=int, default=1,
+                        help="tenants the schedules are spread over (default 1: project 'bench')")
     parser.add_argument("--dir", type=Path, help="the private cluster's folder (default: one per kind)")
     parser.add_argument("--fsync-off", action="store_true",
                         help="a cluster with fsync, synchronous_commit and full_page_writes off "
@@ -378,7 +381,7 @@ def main() -> None:
             listener_counts=[int(n) for n in args.listeners.split(",")],
             concurrency=args.concurrency, rounds=args.rounds, single=args.single,
             data_dir=args.dir or cluster_dir("bench-dispatch", args.fsync_off), log_level=args.log_level,
-            profile=args.profile, fast=args.fsync_off)
+            profile=args.profile, fast=args.fsync_off, projects=args.projects)
 
 
 if __name__ == "__main__":
