@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_DIR = ROOT / ".pgdata" / "bench"
 PG_CLUSTER = str(ROOT / "scripts" / "pg-cluster")
 
-__all__ = ["SPREAD_CRON", "checkout", "children", "cluster_cpu_s", "cluster_dir", "cluster_kind",
+__all__ = ["SPREAD_CRON", "TENANT_OF", "checkout", "children", "cluster_cpu_s", "cluster_dir", "cluster_kind",
            "fresh_database", "install_revision",
            "median_ms", "process_cpu_s", "record", "recreate_database", "start_cluster", "stop_cluster",
            "wait_until"]
@@ -35,6 +35,10 @@ __all__ = ["SPREAD_CRON", "checkout", "children", "cluster_cpu_s", "cluster_dir"
 # share one and each next slot is computed on its own: the dearest case (tenants mostly share
 # a few expressions, and a batch computes each distinct one once).
 SPREAD_CRON = "(i %% 60) || ' ' || (i / 60 %% 24) || ' 1 1 *'"
+
+# The project of schedule number i, as SQL for a query with parameters (projects, projects):
+# 'bench' for one project, else spread round-robin over that many tenants.
+TENANT_OF = "CASE WHEN %s = 1 THEN 'bench' ELSE 'p' || i %% %s END"
 
 
 def start_cluster(data_dir: Path = CLUSTER_DIR, *, fast: bool = False) -> str:

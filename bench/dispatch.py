@@ -43,6 +43,7 @@ import psycopg
 
 from bench.common import (
     SPREAD_CRON,
+    TENANT_OF,
     cluster_cpu_s,
     cluster_dir,
     cluster_kind,
@@ -119,8 +120,7 @@ def seed_schedules(db: psycopg.Connection, count: int, projects: int = 1) -> Non
     """`count` schedules (bench.common.SPREAD_CRON: none comes due by itself) of project 'bench',
     or spread round-robin over `projects` tenants, for end_to_end to make due; analysed."""
     db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
-               " SELECT CASE WHEN %s = 1 THEN 'bench' ELSE 'tenant-' || lpad((i %% %s)::text, 5, '0') END,"
-               f" 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
+               f" SELECT {TENANT_OF}, 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
                " FROM generate_series(1, %s) i", (projects, projects, count))
     db.execute("VACUUM ANALYZE dispatch.schedules")
 

@@ -43,7 +43,15 @@ from pathlib import Path
 
 import psycopg
 
-from bench.common import cluster_dir, cluster_kind, record, recreate_database, start_cluster, stop_cluster
+from bench.common import (
+    TENANT_OF,
+    cluster_dir,
+    cluster_kind,
+    record,
+    recreate_database,
+    start_cluster,
+    stop_cluster,
+)
 from bench.dispatch import end_to_end, listeners
 from bench.sink import NginxSink
 
@@ -130,8 +138,8 @@ def measure(*, schedules: int, listener_counts: list[int], concurrency: int, dat
                   f"{'on a minute boundary, with pg_cron ticking then too; ' if with_pg_cron else ''}"
                   f"cluster {cluster_kind(fast)}")
             db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
-                       " SELECT CASE WHEN %s = 1 THEN 'bench' ELSE 'p' || i %% %s END, 'sink', '0 * * * *',"
-                       " jsonb_build_object('i', i) FROM generate_series(1, %s) i",
+                       f" SELECT {TENANT_OF}, 'sink', '0 * * * *', jsonb_build_object('i', i)"
+                       " FROM generate_series(1, %s) i",
                        (projects, projects, schedules))
             db.execute("VACUUM ANALYZE dispatch.schedules")
             results["stampede_mark_s"] = marking_s(db, schedules)
