@@ -17,10 +17,12 @@ Runs, each in its own process and printing its own detail: bench.cron_next, benc
 (1,000,000 schedules), bench.claim (100,000 pending, 10,000,000 finished; WAL per run),
 bench.complete_pgbench (the database alone, 50,000 runs), bench.finish_cost (what each part of
 finishing a run costs the database), bench.dispatch (10,000 and 50,000
-due at once, one and two listeners, against a bare aiohttp loop and the listener's own HTTP
-stack, nginx sink, py-spy profile), bench.memory (1,000 invocations in flight) and bench.prune
+due at once over 1,000 tenants of skewed sizes, one and two listeners, against a bare aiohttp
+loop and the listener's own HTTP stack, nginx sink, py-spy profile; and 10,000 in one project,
+beside), bench.memory (1,000 invocations in flight) and bench.prune
 (a backlog of 100,000 and 400,000 old runs: cost per row pruned) and bench.stampede (100,000
-schedules due at one instant: first, median and last request, with one and two listeners).
+schedules of 1,000 tenants due at one instant: first, median and last request, with one and two
+listeners).
 Last, bench.against: end to end against the last release (LAST_RELEASE), side by side in one
 window, so that the table shows a regression of the hot path beside the goals.
 --quick shrinks every size for a smoke run (and leaves out the comparison); its figures are not
@@ -45,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import against
-from bench.common import CLUSTER_DIR, stop_cluster
+from bench.common import CLUSTER_DIR, PROJECTS, stop_cluster
 
 # The last release, which the hot path is held against: round 1 (issue #22).
 LAST_RELEASE = "3b94f50"
@@ -56,6 +58,9 @@ FULL = [
     ("bench.claim", []),
     ("bench.complete_pgbench", ["--runs", "50000"]),
     ("bench.finish_cost", []),
+    # one project, the figure beside the many tenants' of the step after it
+    ("bench.dispatch", ["--runs", "10000", "--listeners", "1", "--rounds", "3", "--single", "0",
+                        "--projects", "1"]),
     ("bench.dispatch", ["--runs", "10000,50000", "--listeners", "1,2", "--rounds", "3", "--profile"]),
     ("bench.memory", []),
     ("bench.prune", []),
@@ -98,12 +103,19 @@ def table(f: dict[str, Any], sizes: list[int], listener_counts: list[int]) -> li
             rate = f[key]
             share = RATIO_GOALS.get(count, RATIO_GOALS[2])
             rows.append(
-                f"| End to end, {count} listener{'s' if count > 1 else ''}, {size:,} due at once "
+                f"| End to end, {count} listener{'s' if count > 1 else ''}, {size:,} due at once over "
+                f"{PROJECTS:,} tenants "
                 f"| {rate:,.0f} runs/s | ≥ {share:.2f} x bare aiohttp: {verdict(rate >= share * aiohttp)} "
                 f"| {rate / aiohttp:.2f} x bare aiohttp, {rate / stack:.0%} of the listener's HTTP stack, "
                 f"{rate / db:.0%} of the database alone; CPU a run: listeners "
                 f"{f[key + '_cpu_listeners']:.0f} µs, PostgreSQL {f[key + '_cpu_PostgreSQL']:.0f} µs, "
                 f"nginx {f[key + '_cpu_sink']:.0f} µs |")
+    if "e2e_1l_10000_1p" in f:
+        key = "e2e_1l_10000_1p"
+        rows.append(
+            f"| The same, 1 listener, 10,000 due at once, all in one project | {f[key]:,.0f} runs/s | "
+            f"| CPU a run: listener {f[key + '_cpu_listeners']:.0f} µs, PostgreSQL "
+            f"{f[key + '_cpu_PostgreSQL']:.0f} µs |")
     rows += [
         f"| Limit: bare aiohttp loop (same concurrency, same sink) | {aiohttp:,.0f} requests/s | | |",
         f"| Limit: bare loop of the listener's HTTP stack | {stack:,.0f} requests/s | "

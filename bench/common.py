@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_DIR = ROOT / ".pgdata" / "bench"
 PG_CLUSTER = str(ROOT / "scripts" / "pg-cluster")
 
-__all__ = ["SPREAD_CRON", "TENANT_OF", "checkout", "children", "cluster_cpu_s", "cluster_dir", "cluster_kind",
-           "fresh_database", "install_revision",
+__all__ = ["PROJECTS", "SPREAD_CRON", "TENANTS", "checkout", "children", "cluster_cpu_s", "cluster_dir",
+           "cluster_kind", "fresh_database", "install_revision",
            "median_ms", "process_cpu_s", "record", "recreate_database", "start_cluster", "stop_cluster",
-           "wait_until"]
+           "tenants", "wait_until"]
 
 # The cron expression of schedule number i in the dispatch benchmarks, as SQL for a query with
 # parameters: 1,440 distinct expressions ('m h 1 1 *': one minute of New Year's Day each, so
@@ -36,9 +36,28 @@ __all__ = ["SPREAD_CRON", "TENANT_OF", "checkout", "children", "cluster_cpu_s", 
 # a few expressions, and a batch computes each distinct one once).
 SPREAD_CRON = "(i %% 60) || ' ' || (i / 60 %% 24) || ' 1 1 *'"
 
-# The project of schedule number i, as SQL for a query with parameters (projects, projects):
-# 'bench' for one project, else spread round-robin over that many tenants.
-TENANT_OF = "CASE WHEN %s = 1 THEN 'bench' ELSE 'p' || i %% %s END"
+# How many tenants the benchmarks' schedules are spread over by default.
+PROJECTS = 1000
+
+# Schedules numbered i = 1..count with their project, as SQL rows (i, project_id) for a query with
+# parameters (count, projects, projects, count, count): a few large tenants and many with one
+# or two schedules, as a user's tenants are. Tenant number r (1..projects) gets a share of the
+# schedules proportional to 1/r (Zipf): over 1,000 tenants, 10,000 schedules give p1 1,336, the
+# first ten 39 % of them, and those past the 500th one to three each. One project is 'bench'.
+TENANTS = """(SELECT i, CASE WHEN %s = 1 THEN 'bench' ELSE 'p' || r END
+   FROM (SELECT r, floor(%s * coalesce(lag(c) OVER (ORDER BY r), 0))::integer AS lo,
+                CASE WHEN r = %s THEN %s ELSE floor(%s * c)::integer END AS hi
+         FROM (SELECT r, sum(1.0 / r) OVER (ORDER BY r) / sum(1.0 / r) OVER () AS c
+               FROM generate_series(1, %s) r) w) z
+   CROSS JOIN LATERAL generate_series(z.lo + 1, z.hi) i) AS t (i, project_id)"""
+
+
+def tenants(count: int, projects: int) -> tuple[str, tuple[int, ...]]:
+    """The rows (i, project_id) of `count` schedules over `projects` tenants (TENANTS), as an SQL
+    FROM item and its parameters."""
+    if not 1 <= projects <= count:
+        raise SystemExit(f"bench: {count:,} schedules cannot spread over {projects:,} projects")
+    return TENANTS, (projects, count, projects, count, count, projects)
 
 
 def start_cluster(data_dir: Path = CLUSTER_DIR, *, fast: bool = False) -> str:

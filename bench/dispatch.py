@@ -1,9 +1,11 @@
 """Dispatch benchmark: N slots due at once, a fast local sink, one or two real `pgdispatch listen`.
 
     .venv/bin/python -m bench.dispatch [--runs 10000,50000] [--listeners 1,2] [--concurrency 64]
-                                       [--rounds 3] [--single 20]
+                                       [--rounds 3] [--single 20] [--projects 1000]
 
-Against one nginx sink (bench/sink.py, its own process), --rounds times alternately (medians
+The schedules belong to --projects tenants of skewed sizes, a few large and many with one or
+two schedules (bench.common.TENANTS); --projects 1 puts them all in one project, the figure
+beside it. Against one nginx sink (bench/sink.py, its own process), --rounds times alternately (medians
 printed at the end):
 - the limits: a bare aiohttp loop (one ClientSession POSTing a small JSON body with the same
   concurrency, nothing else) and a bare loop of the listener's own HTTP stack
@@ -42,8 +44,8 @@ import aiohttp
 import psycopg
 
 from bench.common import (
+    PROJECTS,
     SPREAD_CRON,
-    TENANT_OF,
     cluster_cpu_s,
     cluster_dir,
     cluster_kind,
@@ -52,6 +54,7 @@ from bench.common import (
     recreate_database,
     start_cluster,
     stop_cluster,
+    tenants,
     wait_until,
 )
 from bench.profile import PySpy, summarize
@@ -116,12 +119,13 @@ async def bare_invoker(template: str, *, total: int, concurrency: int) -> float:
         return total / (time.perf_counter() - started)
 
 
-def seed_schedules(db: psycopg.Connection, count: int, projects: int = 1) -> None:
-    """`count` schedules (bench.common.SPREAD_CRON: none comes due by itself) of project 'bench',
-    or spread round-robin over `projects` tenants, for end_to_end to make due; analysed."""
+def seed_schedules(db: psycopg.Connection, count: int, projects: int = PROJECTS) -> None:
+    """`count` schedules (bench.common.SPREAD_CRON: none comes due by itself) over `projects`
+    tenants of skewed sizes (bench.common.TENANTS), for end_to_end to make due; analysed."""
+    rows, params = tenants(count, projects)
     db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
-               f" SELECT {TENANT_OF}, 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
-               " FROM generate_series(1, %s) i", (projects, projects, count))
+               f" SELECT t.project_id, 'sink', {SPREAD_CRON}, jsonb_build_object('i', i)"
+               f" FROM {rows}", params)
     db.execute("VACUUM ANALYZE dispatch.schedules")
 
 
@@ -263,7 +267,7 @@ def single_latency(db: psycopg.Connection, sink: NginxSink, trials: int) -> list
 
 def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, rounds: int, single: int,
             data_dir: Path, log_level: str = "info", profile: bool = False,
-            fast: bool = False, projects: int = 1) -> dict[str, float]:
+            fast: bool = False, projects: int = PROJECTS) -> dict[str, float]:
     """Run the benchmark, print its figures, return the medians by name."""
     port = start_cluster(data_dir, fast=fast)
     results: dict[str, float] = {}
@@ -323,7 +327,9 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
                 worst = max(max(r.latencies) for r in rounds_)
                 cpu_us = {name: statistics.median(r.cpu_us[name] for r in rounds_)
                           for name in rounds_[0].cpu_us}
-                key = f"e2e_{count}l_{size}" + ("" if loop == "auto" else f"_{loop}")
+                # one project's figures are kept apart from the many tenants' (the default)
+                key = (f"e2e_{count}l_{size}" + ("" if loop == "auto" else f"_{loop}")
+                       + ("_1p" if projects == 1 else ""))
                 results |= {key: rate, f"{key}_p50": latencies[0], f"{key}_p99": latencies[1],
                             f"{key}_max": worst, **{f"{key}_cpu_{n}": us for n, us in cpu_us.items()}}
                 on = "" if loop == "auto" else f" on {loop}"
@@ -367,8 +373,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--single", type=int, default=20, help="single-schedule latency trials")
-    parser.add_argument("--projects", type=int, default=1,
-                        help="tenants the schedules are spread over (default 1: project 'bench')")
+    parser.add_argument("--projects", type=int, default=PROJECTS,
+                        help=f"tenants the schedules are spread over, a few large and many small "
+                             f"(default {PROJECTS:,}; 1: the one project 'bench')")
     parser.add_argument("--dir", type=Path, help="the private cluster's folder (default: one per kind)")
     parser.add_argument("--fsync-off", action="store_true",
                         help="a cluster with fsync, synchronous_commit and full_page_writes off "

@@ -1,7 +1,7 @@
 """Stampede benchmark: the top of the hour for 100,000 tenants on `0 * * * *`, no jitter.
 
     .venv/bin/python -m bench.stampede [--schedules 100000] [--listeners 1,2] [--concurrency 64]
-                                       [--projects 1] [--rounds 1]
+                                       [--projects 1000] [--rounds 1]
 
 Every schedule is due at the same instant. First the marking alone: dispatch.tick() at that
 instant, called by this process with no listener running, timed and rolled back. Then, for each
@@ -9,7 +9,9 @@ instant, called by this process with no listener running, timed and rolled back.
 one nginx sink (bench/sink.py): when the first, the median and the last request arrived after
 the instant, the listeners' peak RSS, and whether any lease expired (a run claimed twice).
 
---projects N spreads the schedules over N projects ('p0'..), none of them in dispatch.projects;
+--projects N spreads the schedules over N tenants of skewed sizes, a few large and many with
+one or two schedules (bench.common.TENANTS; 'p1'.., none of them in dispatch.projects; 1: the
+one project 'bench');
 --rounds R repeats each listener count's round R times on the same database. Each round also
 prints how long the slowest run waited between its marking and its claim (runs.created_at to
 runs.claimed_at).
@@ -44,13 +46,14 @@ from pathlib import Path
 import psycopg
 
 from bench.common import (
-    TENANT_OF,
+    PROJECTS,
     cluster_dir,
     cluster_kind,
     record,
     recreate_database,
     start_cluster,
     stop_cluster,
+    tenants,
 )
 from bench.dispatch import end_to_end, listeners
 from bench.sink import NginxSink
@@ -116,7 +119,7 @@ def print_statements(db: psycopg.Connection, runs: int, top: int = 14) -> None:
 
 def measure(*, schedules: int, listener_counts: list[int], concurrency: int, data_dir: Path,
             log_level: str = "info", statements: bool = False, fast: bool = False,
-            with_pg_cron: bool = False, projects: int = 1, rounds: int = 1) -> dict[str, float]:
+            with_pg_cron: bool = False, projects: int = PROJECTS, rounds: int = 1) -> dict[str, float]:
     port = start_cluster(data_dir, fast=fast)
     if statements:
         set_statements_profile(port, True)
@@ -137,10 +140,10 @@ def measure(*, schedules: int, listener_counts: list[int], concurrency: int, dat
                   f"nginx sink; {os.cpu_count()} CPUs shared by PostgreSQL, sink and listeners; "
                   f"{'on a minute boundary, with pg_cron ticking then too; ' if with_pg_cron else ''}"
                   f"cluster {cluster_kind(fast)}")
+            rows, params = tenants(schedules, projects)
             db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, args)"
-                       f" SELECT {TENANT_OF}, 'sink', '0 * * * *', jsonb_build_object('i', i)"
-                       " FROM generate_series(1, %s) i",
-                       (projects, projects, schedules))
+                       f" SELECT t.project_id, 'sink', '0 * * * *', jsonb_build_object('i', i) FROM {rows}",
+                       params)
             db.execute("VACUUM ANALYZE dispatch.schedules")
             results["stampede_mark_s"] = marking_s(db, schedules)
             print(f"  marking alone: dispatch.tick() marks {schedules:,} in "
@@ -205,7 +208,8 @@ def main() -> None:
                              "for the database: it fires then too, as at a user's top of the hour")
     parser.add_argument("--statements", action="store_true",
                         help="profile the database's statements with pg_stat_statements (see above)")
-    parser.add_argument("--projects", type=int, default=1, help="projects the schedules are spread over")
+    parser.add_argument("--projects", type=int, default=PROJECTS,
+                        help=f"tenants the schedules are spread over (default {PROJECTS:,}; 1: one project)")
     parser.add_argument("--rounds", type=int, default=1, help="rounds for each listener count")
     args = parser.parse_args()
     measure(schedules=args.schedules, listener_counts=[int(n) for n in args.listeners.split(",")],
