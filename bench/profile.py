@@ -1,5 +1,7 @@
 """Where a listener's CPU goes: py-spy sampling a live listener process, summarised by the
-code that was running (its own frame) grouped into the parts of the stack."""
+code that was running (its own frame) grouped into the parts of the stack. py-spy samples the
+Python threads only: the HTTP client's own thread (pyreqwest's, in Rust) is in the process's
+CPU figures, not in these shares."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ __all__ = ["PySpy", "summarize"]
 
 # A sample is charged to the first part whose marker appears in its innermost frame's file.
 PARTS = [
-    ("aiohttp (HTTP client)", ("aiohttp/", "yarl/", "multidict/")),
+    ("HTTP client, its Python side", ("pyreqwest/", "aiohttp/", "yarl/", "multidict/")),
     ("psycopg (claims, completions)", ("psycopg/", "psycopg_pool/", "psycopg_binary/")),
     ("pgdispatch", ("dispatcher/",)),
     ("json, hmac", ("json/", "hmac.py", "hashlib")),

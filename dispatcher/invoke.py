@@ -11,7 +11,7 @@ response                                        status  error                   
 other status, JSON body with code / message     error   ``code: message``                          no
 other status (3xx included: no redirects)       error   ``HTTP <status>: <first 200 chars>``       no
 no complete response within the timeout         error   ``timeout: no complete response within N s``  yes
-connection refused, DNS, TLS                    error   ``connection failed: <reason>``            yes
+connection refused, DNS, TLS                    error   ``connection failed: <host>:<port>: …``    yes
 connection reset or closed mid-response         error   ``connection lost: <reason>``              yes
 a response that is not HTTP                     error   ``invalid response: <reason>``             no
 ==============================================  ======  =========================================  =========
@@ -36,11 +36,12 @@ import re
 import time
 import zlib
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from urllib.parse import quote
+from datetime import UTC, datetime, timedelta
+from urllib.parse import quote, urlsplit
 
-import aiohttp
-from yarl import URL
+from pyreqwest import exceptions as http_errors
+from pyreqwest.client import Client, ClientBuilder
+from pyreqwest.response import Response
 
 from dispatcher import __version__
 from dispatcher.runs import Outcome, Run
@@ -70,26 +71,24 @@ _SURROGATE = re.compile("[\ud800-\udfff]")  # only lone ones survive decoding: a
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    url: URL
+    url: str
     body: bytes
     headers: dict[str, str]
 
 
 # Runs due together share their slot, and a listener calls a few functions many times: both
-# are formatted once rather than once per request (the URL already encoded, so that aiohttp
-# does not parse it again).
+# are formatted once rather than once per request.
 @functools.lru_cache(maxsize=1024)
 def _iso(at: datetime) -> str:
     return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @functools.lru_cache(maxsize=4096)
-def _url(url_template: str, project_id: str, function_name: str) -> URL:
-    url = url_template.format(project_id=quote(project_id, safe=""),
-                              function_name=quote(function_name, safe=""))
-    # Taken as encoded, the path is sent as written: a function named ".." stays a segment of its
-    # own rather than being resolved away. A template with characters to encode is parsed.
-    return URL(url, encoded=url.isascii() and not any(c.isspace() for c in url))
+def _url(url_template: str, project_id: str, function_name: str) -> str:
+    # Each name one percent-encoded segment. A segment "." or ".." would be resolved away when
+    # the URL is parsed, in whatever encoding: the write path refuses both (30_schedules.sql).
+    return url_template.format(project_id=quote(project_id, safe=""),
+                               function_name=quote(function_name, safe=""))
 
 
 def build_request(run: Run, *, url_template: str, secret: bytes | None, now: float | None = None,
@@ -177,12 +176,18 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> int | N
     return max(0, min(round(seconds * 1000), 86_400_000))
 
 
-def new_session(*, concurrency: int) -> aiohttp.ClientSession:
-    """The one HTTP client of a listener: keep-alive connections, as many as invocations in flight."""
-    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, ttl_dns_cache=60)
-    # aiohttp's own decompression inflates whatever arrives, however large: _read_capped does it,
-    # capped.
-    return aiohttp.ClientSession(connector=connector, auto_decompress=False, raise_for_status=False)
+def new_session(*, concurrency: int) -> Client:
+    """The one HTTP client of a listener: keep-alive connections, as many requests in flight as
+    invocations. No redirects, no proxy from the environment, and no decompression of its own
+    (_read_capped inflates, capped)."""
+    return (ClientBuilder()
+            .max_connections(concurrency)
+            .gzip(False).brotli(False).zstd(False).deflate(False)
+            .follow_redirects(False)
+            .no_proxy()
+            .error_for_status(False)
+            .user_agent(USER_AGENT)
+            .build())
 
 
 class Invoker:
@@ -190,7 +195,7 @@ class Invoker:
     (except CancelledError)."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, *, url_template: str, timeout_s: float, secret: bytes | None,
+        self, session: Client, *, url_template: str, timeout_s: float, secret: bytes | None,
         second_secret: bytes | None = None,
     ) -> None:
         self._session = session
@@ -201,8 +206,8 @@ class Invoker:
 
     @staticmethod
     @functools.lru_cache(maxsize=64)
-    def _timeout(seconds: float) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=seconds)
+    def _timeout(seconds: float) -> timedelta:
+        return timedelta(seconds=seconds)
 
     async def invoke(self, run: Run) -> Outcome:
         started = time.monotonic()
@@ -222,10 +227,9 @@ class Invoker:
         try:
             request = build_request(run, url_template=self._url_template, secret=self._secret,
                                     second_secret=self._second_secret)
-            async with self._session.post(
-                request.url, data=request.body, headers=request.headers,
-                timeout=self._timeout(timeout_s), allow_redirects=False,
-            ) as response:
+            # the timeout covers the whole exchange, the body's last byte included
+            async with (self._session.post(request.url).headers(request.headers).body_bytes(request.body)
+                        .timeout(self._timeout(timeout_s)).build_streamed()) as response:
                 http_status = response.status
                 body, truncated = await _read_capped(response)
             status, error = classify_response(http_status, body, truncated=truncated)
@@ -234,18 +238,19 @@ class Invoker:
             if not retryable_status(http_status):
                 return Outcome(status="error", error=error, http_status=http_status)
             return Outcome(status="error", error=error, http_status=http_status, retryable=True,
-                           retry_after_ms=parse_retry_after(response.headers.get("Retry-After")))
+                           retry_after_ms=parse_retry_after(response.get_header("Retry-After")))
         except TimeoutError:
             return _failed(f"timeout: no complete response within {timeout_s:g} s", http_status,
                            retryable=True)
-        except aiohttp.ClientConnectorError as exc:
-            return _failed(f"connection failed: {exc}", None, retryable=True)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
-            return _failed(f"connection lost: {_describe(exc)}", http_status, retryable=True)
-        except aiohttp.ClientResponseError as exc:
-            return _failed(f"invalid response: {exc.message or _describe(exc)}", http_status)
-        except (aiohttp.ClientError, ValueError, OSError) as exc:
-            return _failed(f"request failed: {_describe(exc)}", http_status)
+        except http_errors.ConnectError as exc:
+            return _failed(f"connection failed: {_host(run, self._url_template)}: {_reason(exc)}", None,
+                           retryable=True)
+        except (http_errors.BodyDecodeError, http_errors.NetworkError) as exc:
+            return _failed(f"connection lost: {_reason(exc)}", http_status, retryable=True)
+        except http_errors.DecodeError as exc:
+            return _failed(f"invalid response: {_reason(exc)}", http_status)
+        except (http_errors.PyreqwestError, ValueError, OSError) as exc:
+            return _failed(f"request failed: {_reason(exc)}", http_status)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a function must never crash the listener
@@ -255,9 +260,8 @@ class Invoker:
 def storable_text(text: str) -> str:
     """`text` as PostgreSQL text can hold it. A function's answer is not to be trusted to be text:
     a JSON string may carry a lone surrogate (``"\\ud800"`` is valid JSON, and json.loads keeps
-    it), and aiohttp's pure-Python parser decodes a status line or header that is not UTF-8
-    with surrogateescape, which an error message may quote. Neither can be encoded as UTF-8,
-    and psycopg refuses the whole statement (a batch of outcomes) for it. NUL, which PostgreSQL
+    it), which cannot be encoded as UTF-8, and psycopg refuses the whole statement (a batch of
+    outcomes) for it. NUL, which PostgreSQL
     text cannot hold, is dropped; a lone surrogate becomes U+FFFD."""
     return _SURROGATE.sub("\ufffd", text.replace("\x00", ""))
 
@@ -271,13 +275,29 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-async def _read_capped(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+def _host(run: Run, url_template: str) -> str:
+    """Where a request went: host and port, never a user name or password in the URL."""
+    url = urlsplit(_url(url_template, run.project_id, run.function_name))
+    return f"{url.hostname}:{url.port or (443 if url.scheme == 'https' else 80)}"
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause the HTTP client gives ("Connection refused (os error 111)", "invalid
+    HTTP version parsed"), else the exception itself."""
+    if isinstance(exc, http_errors.DetailedPyreqwestError):
+        causes = exc.details.get("causes") or []
+        if causes and causes[-1].get("message"):
+            return causes[-1]["message"]
+    return _describe(exc)
+
+
+async def _read_capped(response: Response) -> tuple[bytes, bool]:
     """At most MAX_BODY_BYTES of the body (decompressed), and whether there was more."""
-    encoding = response.headers.get("Content-Encoding", "").strip().lower()
+    encoding = (response.get_header("Content-Encoding") or "").strip().lower()
     if encoding in ("", "identity"):
-        length = response.content_length
-        if length is not None and length <= MAX_BODY_BYTES:
-            return await response.read(), False  # the common case: a small body of known length
+        length = response.get_header("Content-Length")
+        if length is not None and length.isdigit() and int(length) <= MAX_BODY_BYTES:
+            return bytes(await response.body_reader.bytes()), False  # the common case: small, known length
         return await _read_raw(response, MAX_BODY_BYTES)
     if encoding in ("gzip", "x-gzip", "deflate"):
         return await _inflate_capped(response)
@@ -285,18 +305,19 @@ async def _read_capped(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
     return raw, True  # an encoding this listener does not read: never parsed as the answer
 
 
-async def _read_raw(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+async def _read_raw(response: Response, limit: int) -> tuple[bytes, bool]:
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.content.iter_any():
-        chunks.append(chunk)
+    reader = response.body_reader
+    while (chunk := await reader.read_chunk()) is not None:
+        chunks.append(bytes(chunk))
         size += len(chunk)
         if size > limit:
             return b"".join(chunks)[:limit], True
     return b"".join(chunks), False
 
 
-async def _inflate_capped(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+async def _inflate_capped(response: Response) -> tuple[bytes, bool]:
     """A gzip or zlib-wrapped deflate body, inflated up to MAX_BODY_BYTES + 1 bytes and no further
     (zlib's max_length keeps the rest of the input unread). The compressed bytes are capped too,
     and nothing is read after the compressed stream ends: zlib keeps whatever follows it
@@ -304,10 +325,11 @@ async def _inflate_capped(response: aiohttp.ClientResponse) -> tuple[bytes, bool
     inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)  # 32: a gzip or a zlib header, either
     out = bytearray()
     read = 0
+    reader = response.body_reader
     try:
-        async for chunk in response.content.iter_any():
+        while (chunk := await reader.read_chunk()) is not None:
             read += len(chunk)
-            data = chunk
+            data = bytes(chunk)
             while data and len(out) <= MAX_BODY_BYTES and not inflater.eof:
                 out += inflater.decompress(data, MAX_BODY_BYTES + 1 - len(out))
                 data = inflater.unconsumed_tail

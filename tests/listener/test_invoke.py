@@ -170,7 +170,7 @@ async def test_connection_refused() -> None:
                           secret=None)
         outcome = await invoker.invoke(make_run())
     assert outcome.status == "error" and outcome.http_status is None
-    assert outcome.error is not None and outcome.error.startswith("connection failed: Cannot connect to host")
+    assert outcome.error == f"connection failed: 127.0.0.1:{port}: Connection refused (os error 111)"
 
 
 @pytest.fixture
@@ -196,8 +196,9 @@ async def test_reset_mid_response(resetting_server: str) -> None:
     async with new_session(concurrency=4) as session:
         invoker = Invoker(session, url_template=resetting_server, timeout_s=5, secret=None)
         outcome = await invoker.invoke(make_run())
-    assert (outcome.status, outcome.http_status) == ("error", 200)
-    assert outcome.error is not None and outcome.error.startswith("connection lost: ")
+    # the status line arrived, but the reset may reach the client before it hands the head over
+    assert outcome.status == "error" and outcome.http_status in (200, None), outcome
+    assert outcome.error is not None and outcome.error.startswith("connection lost: "), outcome
 
 
 async def test_many_slow_invocations_stay_in_flight_together(sink: Sink) -> None:
