@@ -118,6 +118,8 @@ def table(f: dict[str, Any], sizes: list[int], listener_counts: list[int]) -> li
             f"{f[key + '_cpu_PostgreSQL']:.0f} µs |")
     rows += [
         f"| Limit: bare aiohttp loop (same concurrency, same sink) | {aiohttp:,.0f} requests/s | | |",
+        f"| Limit: bare pyreqwest loop, the listener's HTTP client (same concurrency, same sink) "
+        f"| {f.get('bare_pyreqwest', float('nan')):,.0f} requests/s | | |",
         f"| Limit: bare loop of the listener's HTTP stack | {stack:,.0f} requests/s | "
         f"| {stack / aiohttp:.0%} of bare aiohttp |",
         f"| Limit: the database alone (pgbench: claim_runs + complete_runs, 2 clients) | {db:,.0f} runs/s | "

@@ -8,7 +8,8 @@ two schedules (bench.common.TENANTS); --projects 1 puts them all in one project,
 beside it. Against one nginx sink (bench/sink.py, its own process), --rounds times alternately (medians
 printed at the end):
 - the limits: a bare aiohttp loop (one ClientSession POSTing a small JSON body with the same
-  concurrency, nothing else) and a bare loop of the listener's own HTTP stack
+  concurrency, nothing else), the same with pyreqwest (the listener's HTTP client), and a bare
+  loop of the listener's own HTTP stack
   (dispatcher.invoke.Invoker: URL template, JSON payload, signature, response classification);
 - end to end, for each --listeners count and each --runs size: that many schedules due at the
   same instant, the listeners' timers tick at that instant, claim, POST and record each:
@@ -34,14 +35,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import psycopg
+from pyreqwest.client import ClientBuilder
 
 from bench.common import (
     PROJECTS,
@@ -59,6 +62,7 @@ from bench.common import (
 )
 from bench.profile import PySpy, summarize
 from bench.sink import NginxSink
+from dispatcher.event_loop import loop_factory
 from dispatcher.invoke import Invoker, new_session
 from dispatcher.runs import Run
 
@@ -90,6 +94,26 @@ async def bare_aiohttp(url: str, *, total: int, concurrency: int) -> float:
                 async with session.post(url, data=body, headers=headers) as response:
                     await response.read()
                     assert response.status == 200, response.status
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return total / (time.perf_counter() - started)
+
+
+async def bare_pyreqwest(url: str, *, total: int, concurrency: int) -> float:
+    """requests/s of the listener's HTTP client (pyreqwest) alone, as bare_aiohttp."""
+    body = b'{"args":{"i":1},"invoker":{"kind":"schedule"}}'
+    headers = {"Content-Type": "application/json", "X-Request-Id": "bare"}
+    remaining = total
+    async with ClientBuilder().max_connections(concurrency).build() as client:
+
+        async def worker() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                response = await client.post(url).headers(headers).body_bytes(body).build().send()
+                await response.bytes()
+                assert response.status == 200, response.status
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -282,7 +306,17 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
             asyncio.run(bare_invoker(sink.template, total=2000, concurrency=concurrency))  # warm-up
             sink.arrivals(2000)
 
-            bare: dict[str, list[float]] = {"aiohttp": [], "invoker": []}
+            bare: dict[str, list[float]] = {"aiohttp": [], "pyreqwest": [], "invoker": []}
+            # CPU a request of this process (all its threads: pyreqwest's own included), µs
+            bare_cpu: dict[str, list[float]] = {"aiohttp": [], "pyreqwest": [], "invoker": []}
+
+            def timed(name: str, loop: Callable[[], Coroutine[Any, Any, float]]) -> None:
+                # on the listener's event loop (uvloop when installed), as the listener runs
+                started = time.process_time()
+                with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
+                    bare[name].append(runner.run(loop()))
+                bare_cpu[name].append((time.process_time() - started) / 10_000 * 1e6)
+
             e2e: dict[tuple[int, int, str], list[Round]] = {}
             # The listeners run on uvloop when it is installed; one listener on asyncio's loop too,
             # in the same rounds, shows what it is worth.
@@ -290,13 +324,16 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
             if importlib.util.find_spec("uvloop") is not None:
                 loops.append(("asyncio", [1], [max(runs)]))
             for round_no in range(1, rounds + 1):
-                bare["aiohttp"].append(asyncio.run(
-                    bare_aiohttp(sink.url + "/bare", total=10_000, concurrency=concurrency)))
-                bare["invoker"].append(asyncio.run(
-                    bare_invoker(sink.template, total=10_000, concurrency=concurrency)))
-                sink.arrivals(20_000)
-                print(f"round {round_no}: bare aiohttp loop {bare['aiohttp'][-1]:,.0f} requests/s, "
-                      f"bare listener HTTP stack {bare['invoker'][-1]:,.0f} requests/s")
+                timed("aiohttp",
+                      lambda: bare_aiohttp(sink.url + "/bare", total=10_000, concurrency=concurrency))
+                timed("pyreqwest",
+                      lambda: bare_pyreqwest(sink.url + "/bare", total=10_000, concurrency=concurrency))
+                timed("invoker", lambda: bare_invoker(sink.template, total=10_000, concurrency=concurrency))
+                sink.arrivals(30_000)
+                print(f"round {round_no}: " + ", ".join(
+                    f"bare {label} {bare[name][-1]:,.0f} requests/s, {bare_cpu[name][-1]:.0f} us CPU each"
+                    for name, label in (("aiohttp", "aiohttp loop"), ("pyreqwest", "pyreqwest loop"),
+                                        ("invoker", "listener HTTP stack"))))
                 # The order alternates from round to round: what runs first in a round runs on a
                 # table the previous round's runs left for autovacuum, and measured slower.
                 for loop, counts, sizes in (loops if round_no % 2 else loops[::-1]):
@@ -316,9 +353,13 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
 
             limit = statistics.median(bare["aiohttp"])
             stack = statistics.median(bare["invoker"])
-            results |= {"bare_aiohttp": limit, "bare_invoker": stack}
+            client = statistics.median(bare["pyreqwest"])
+            results |= {"bare_aiohttp": limit, "bare_pyreqwest": client, "bare_invoker": stack}
             print(f"\nmedians of {rounds} rounds:")
-            print(f"  bare aiohttp loop:          {limit:8,.0f} requests/s")
+            print(f"  bare aiohttp loop:          {limit:8,.0f} requests/s, "
+                  f"{statistics.median(bare_cpu['aiohttp']):.0f} us CPU a request")
+            print(f"  bare pyreqwest loop:        {client:8,.0f} requests/s, "
+                  f"{statistics.median(bare_cpu['pyreqwest']):.0f} us CPU a request")
             print(f"  bare listener HTTP stack:   {stack:8,.0f} requests/s ({stack / limit:.0%} of aiohttp)")
             for (count, size, loop), rounds_ in e2e.items():
                 rate = statistics.median(r.rate for r in rounds_)

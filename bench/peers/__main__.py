@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.peers [--quick] [--rounds 3] [--jobs 10000] [--concurrency 64]
                                     [--graphile-pool N] [--graphile-batching]
-                                    [--tenants 1000] [--only graphile|dbos]
+                                    [--tenants 1000] [--only graphile|dbos|pgdispatch]
 
 All on one durable private cluster (bench.common.start_cluster: PostgreSQL's defaults, fsync,
 synchronous_commit and full_page_writes on; .pgdata/bench-peers-durable), one database each, one
@@ -33,7 +33,8 @@ real listener on its own clock (no manual tick). Both: when the first, the media
 request reached the sink after the minute's instant, and the CPU a call from a second before it
 until every call was recorded as done. Each side is set up just after a minute boundary, so that
 the minute measured is a whole one away (DBOS's scheduler jitters a slot by up to a tenth of its
-wait).
+wait). --only pgdispatch: pgdispatch's side of it alone (10,000 tenants and more, which DBOS's
+thread a schedule would take long to set up).
 
 --quick: 2,000 jobs, 200 tenants, one round: a smoke run, not the docs' figures.
 """
@@ -160,16 +161,20 @@ def throughput(port: str, sink: NginxSink, *, jobs: int, rounds: int, concurrenc
 
 
 def schedules(port: str, sink: NginxSink, *, tenants: int, rounds: int, concurrency: int,
-              data_dir: Path) -> dict[str, float]:
-    """DBOS Transact against pgdispatch: `tenants` schedules due at one minute, `rounds` rounds."""
-    dbos_side.ensure_installed()
+              data_dir: Path, with_dbos: bool = True) -> dict[str, float]:
+    """DBOS Transact against pgdispatch (or pgdispatch alone): `tenants` schedules due at one
+    minute, `rounds` rounds."""
+    if with_dbos:
+        dbos_side.ensure_installed()
     postmaster = int((data_dir / "data" / "postmaster.pid").read_text().split()[0])
     print(f"\nschedules stored in the database: {tenants:,} tenants on '* * * * *', one minute's instant;"
-          f" DBOS Transact {dbos_side.VERSION} (DBOS.create_schedule: rows in its system database's"
-          " workflow_schedules table, fired by its scheduler onto its internal queue; its defaults)"
-          " against pgdispatch (1 listener, its own clock)", flush=True)
+          + (f" DBOS Transact {dbos_side.VERSION} (DBOS.create_schedule: rows in its system database's"
+             " workflow_schedules table, fired by its scheduler onto its internal queue; its defaults)"
+             " against" if with_dbos else "") + " pgdispatch (1 listener, its own clock)", flush=True)
     meter = partial(meters, postmaster, "app or listener")
-    sides: dict[str, list[Stampede]] = {"DBOS Transact": [], "pgdispatch": []}
+    sides: dict[str, list[Stampede]] = {"pgdispatch": []}
+    if with_dbos:
+        sides = {"DBOS Transact": [], **sides}
     for round_no in range(1, rounds + 1):
         order = list(sides) if round_no % 2 else list(sides)[::-1]
         print(f"round {round_no}: ({time.strftime('%H:%M:%S')})", flush=True)
@@ -193,6 +198,8 @@ def schedules(port: str, sink: NginxSink, *, tenants: int, rounds: int, concurre
         first, median, last = medians[side].values()
         print(f"  {side:>13}: first {first:6.2f} s, median {median:6.2f} s, last {last:6.2f} s"
               " after the instant")
+    if not with_dbos:
+        return {"peers_pgdispatch_last_s": medians["pgdispatch"]["last"]}
     ratio = medians["DBOS Transact"]["last"] / medians["pgdispatch"]["last"]
     print(f"  DBOS Transact's last request / pgdispatch's: x {ratio:.0f}", flush=True)
     return {"peers_dbos_last_s": medians["DBOS Transact"]["last"],
@@ -223,7 +230,8 @@ def main() -> None:
     parser.add_argument("--graphile-batching", action="store_true",
                         help="also Graphile Worker with its performance page's batching (not its default)")
     parser.add_argument("--tenants", type=int, default=1000, help="schedules due at one minute")
-    parser.add_argument("--only", choices=["graphile", "dbos"], help="one peer only")
+    parser.add_argument("--only", choices=["graphile", "dbos", "pgdispatch"],
+                        help="one peer only; pgdispatch: its side of the schedules alone")
     parser.add_argument("--dir", type=Path, help="the private cluster's folder")
     args = parser.parse_args()
     if args.quick:
@@ -240,9 +248,9 @@ def main() -> None:
             if args.only in (None, "graphile"):
                 throughput(port, sink, jobs=args.jobs, rounds=args.rounds, concurrency=args.concurrency,
                            pool=pool, data_dir=data_dir, batching=args.graphile_batching)
-            if args.only in (None, "dbos"):
+            if args.only in (None, "dbos", "pgdispatch"):
                 schedules(port, sink, tenants=args.tenants, rounds=args.rounds, concurrency=args.concurrency,
-                          data_dir=data_dir)
+                          data_dir=data_dir, with_dbos=args.only != "pgdispatch")
             print(f"\npeers: {(time.monotonic() - started) / 60:.1f} min", file=sys.stderr)
     finally:
         stop_cluster(data_dir, check=False)
