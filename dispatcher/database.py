@@ -9,7 +9,7 @@ discarded, and the caller retries on a new one.
 Every client deadline is a server deadline too (invariant 9): a call the listener gives up on
 must not go on waiting for a lock on the server and commit a claim, a completion or a tick
 later. Each call is one message of the simple protocol, one implicit transaction: its
-`statement_timeout` (and `lock_timeout`) set with SET LOCAL to what is left of the call's bound,
+`statement_timeout` (and `lock_timeout`) set for that transaction to what is left of the call's bound,
 less SERVER_MARGIN_S, then the statement, committed by the server as it ends (_bounded): per
 transaction, so that it holds through a transaction pooler, and bounding the statement as a
 whole, not each lock wait. A call cancelled at its
@@ -116,13 +116,19 @@ CANCEL_TIMEOUT_S = 2.0
 # Sent before each call's statement, in the same message: its transaction is READ COMMITTED whatever
 # the database's or role's default_transaction_isolation (dispatch.tick refuses an older snapshot
 # than its locks), and bounded on the server. All of it is the transaction's own, so a transaction
-# pooler (PgBouncer) may hand the next call another server session.
-_BOUND = ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = '{bound}';"
-          " SET LOCAL lock_timeout = '{bound}'; ")
-# Then, once the clocks' offset is known: a call that arrives after its deadline does nothing.
+# pooler (PgBouncer) may hand the next call another server session. The bounds are set with
+# set_config(..., true), SET LOCAL's equal, in a SELECT: pg_stat_statements folds a SELECT's
+# constants into one entry, but keeps a SET or DO of its own for each text, a new one every call.
+_BOUND = ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED;"
+          " SELECT pg_catalog.set_config('statement_timeout', '{bound}', true),"
+          " pg_catalog.set_config('lock_timeout', '{bound}', true); ")
+# Then, once the clocks' offset is known: a call that arrives after its deadline does nothing. The
+# deadline travels in a setting of the transaction, so that the block's text never changes.
 _LATE = "arrived after its deadline"
-_NOT_AFTER = ("DO $$BEGIN IF clock_timestamp() > '{at}' THEN"
-              " RAISE EXCEPTION '" + _LATE + " ({at})' USING ERRCODE = 'query_canceled';"
+_NOT_AFTER = ("SELECT pg_catalog.set_config('pgdispatch.not_after', '{at}', true);"
+              " DO $$DECLARE deadline text := pg_catalog.current_setting('pgdispatch.not_after');"
+              " BEGIN IF clock_timestamp() > deadline::timestamptz THEN"
+              " RAISE EXCEPTION '" + _LATE + " (%)', deadline USING ERRCODE = 'query_canceled';"
               " END IF; END$$; ")
 # The offset is read from the same clock_timestamp() as _NOT_AFTER's, as the session's search_path
 # finds it (tests/listener/test_deadlines.py steps the server's clock that way).
@@ -232,6 +238,13 @@ def _server_left_s(deadline: float) -> float:
     return left_s - min(SERVER_MARGIN_S, left_s / 4)
 
 
+def _preamble(left_s: float, not_after: datetime | None) -> str:
+    """What precedes a call's statement in its message: _BOUND for `left_s`, then _NOT_AFTER
+    unless `not_after` is None."""
+    message = _BOUND.format(bound=f"{max(1, int(left_s * 1000))}ms")
+    return message if not_after is None else message + _NOT_AFTER.format(at=not_after.isoformat())
+
+
 async def _bounded(conn: LiveConnection, query: str, params: tuple[Any, ...],
                    row_factory: AsyncRowFactory[Row], deadline: float,
                    server_clock_offset_s: float | None = None) -> list[Row]:
@@ -244,13 +257,12 @@ async def _bounded(conn: LiveConnection, query: str, params: tuple[Any, ...],
     after its deadline (_NOT_AFTER)."""
     now = time.monotonic()
     left_s = _server_left_s(deadline)
-    message = _BOUND.format(bound=f"{max(1, int(left_s * 1000))}ms")
+    at = None
     if server_clock_offset_s is not None:
         at = datetime.fromtimestamp(now + left_s + server_clock_offset_s, UTC)
-        message += _NOT_AFTER.format(at=at.isoformat())
     cursor = psycopg.AsyncClientCursor(conn, row_factory=row_factory)
-    await cursor.execute(message + cursor.mogrify(query, params))
-    while cursor.nextset():  # the SETs' results, then the statement's
+    await cursor.execute(_preamble(left_s, at) + cursor.mogrify(query, params))
+    while cursor.nextset():  # the settings' results, then the statement's
         pass
     return await cursor.fetchall()
 

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from dispatcher.database import CALL_TIMEOUT_S, Database, DatabaseUnavailable
+from dispatcher.database import CALL_TIMEOUT_S, Database, DatabaseUnavailable, _preamble
 
 from .kit import ListenerProcess, Running, Sink, add_schedules, mark_all_due, scalar, until
 from .proxy import Proxy
@@ -248,3 +250,16 @@ async def test_claims_go_on_when_the_servers_clock_steps(
     if step_s > 0:
         assert any(getattr(record, "event", None) == "clock_offset_stale" for record in caplog.records), \
             "the step was never met: the test stepped nothing the listener reads"
+
+
+def test_what_precedes_each_call_reads_the_same_to_pg_stat_statements() -> None:
+    """pg_stat_statements folds a SELECT's constants into one entry, but keeps one for each text of
+    a SET or a DO: the settings before a call, whatever its bound and deadline, must not leave a
+    new entry in a DBA's view at every call."""
+    messages = [_preamble(4.749, datetime(2026, 12, 5, 6, 0, 0, 123000, UTC)),
+                _preamble(0.25, datetime(2027, 1, 1, tzinfo=UTC)), _preamble(29.5, None)]
+    do_blocks = {tuple(re.findall(r"DO \$\$.*?\$\$", m)) for m in messages[:2]}
+    sets = {tuple(re.findall(r"\bSET\b[^;]*", m)) for m in messages}
+    assert len(do_blocks) == 1 and len(next(iter(do_blocks))) == 1
+    assert sets == {("SET TRANSACTION ISOLATION LEVEL READ COMMITTED",)}
+    assert "4749ms" in messages[0] and "2026-12-05T06:00:00.123000+00:00" in messages[0]
