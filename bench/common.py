@@ -39,25 +39,25 @@ SPREAD_CRON = "(i %% 60) || ' ' || (i / 60 %% 24) || ' 1 1 *'"
 # How many tenants the benchmarks' schedules are spread over by default.
 PROJECTS = 1000
 
-# Schedules numbered i = 1..count with their project, as SQL rows (i, project_id) for a query with
-# parameters (count, projects, projects, count, count): a few large tenants and many with one
-# or two schedules, as a user's tenants are. Tenant number r (1..projects) gets a share of the
-# schedules proportional to 1/r (Zipf): over 1,000 tenants, 10,000 schedules give p1 1,336, the
-# first ten 39 % of them, and those past the 500th one to three each. One project is 'bench'.
-TENANTS = """(SELECT i, CASE WHEN %s = 1 THEN 'bench' ELSE 'p' || r END
-   FROM (SELECT r, floor(%s * coalesce(lag(c) OVER (ORDER BY r), 0))::integer AS lo,
-                CASE WHEN r = %s THEN %s ELSE floor(%s * c)::integer END AS hi
+# Schedules numbered i = 1..count with their project, as SQL rows (i, project_id): a few large
+# tenants and many with one or two schedules, as a user's tenants are. Tenant number r
+# (1..projects) gets a share of the schedules proportional to 1/r (Zipf): over 1,000 tenants,
+# 10,000 schedules give p1 1,336, the first ten 39 % of them, and those past the 500th one to
+# three each. One project is 'bench'. Its parameters: tenants().
+TENANTS = """(SELECT i, CASE WHEN %(projects)s = 1 THEN 'bench' ELSE 'p' || r END
+   FROM (SELECT r, floor(%(count)s * coalesce(lag(c) OVER (ORDER BY r), 0))::integer AS lo,
+                CASE WHEN r = %(projects)s THEN %(count)s ELSE floor(%(count)s * c)::integer END AS hi
          FROM (SELECT r, sum(1.0 / r) OVER (ORDER BY r) / sum(1.0 / r) OVER () AS c
-               FROM generate_series(1, %s) r) w) z
+               FROM generate_series(1, %(projects)s) r) w) z
    CROSS JOIN LATERAL generate_series(z.lo + 1, z.hi) i) AS t (i, project_id)"""
 
 
-def tenants(count: int, projects: int) -> tuple[str, tuple[int, ...]]:
+def tenants(count: int, projects: int) -> tuple[str, dict[str, int]]:
     """The rows (i, project_id) of `count` schedules over `projects` tenants (TENANTS), as an SQL
-    FROM item and its parameters."""
+    FROM item and its named parameters."""
     if not 1 <= projects <= count:
         raise SystemExit(f"bench: {count:,} schedules cannot spread over {projects:,} projects")
-    return TENANTS, (projects, count, projects, count, count, projects)
+    return TENANTS, {"count": count, "projects": projects}
 
 
 def start_cluster(data_dir: Path = CLUSTER_DIR, *, fast: bool = False) -> str:

@@ -35,7 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -79,68 +79,65 @@ def percentile(values: list[float], q: float) -> float:
 
 # -- the limits ------------------------------------------------------------------------------
 
+BARE_BODY = b'{"args":{"i":1},"invoker":{"kind":"schedule"}}'
+BARE_HEADERS = {"Content-Type": "application/json", "X-Request-Id": "bare"}
+
+
+async def _rate(request: Callable[[], Awaitable[None]], *, total: int, concurrency: int) -> float:
+    """requests/s of `request`, made `total` times by `concurrency` workers."""
+    remaining = total
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            await request()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return total / (time.perf_counter() - started)
+
+
 async def bare_aiohttp(url: str, *, total: int, concurrency: int) -> float:
     """requests/s of aiohttp alone: one session, `concurrency` workers, a small JSON body."""
-    body = b'{"args":{"i":1},"invoker":{"kind":"schedule"}}'
-    headers = {"Content-Type": "application/json", "X-Request-Id": "bare"}
-    remaining = total
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
 
-        async def worker() -> None:
-            nonlocal remaining
-            while remaining > 0:
-                remaining -= 1
-                async with session.post(url, data=body, headers=headers) as response:
-                    await response.read()
-                    assert response.status == 200, response.status
+        async def post() -> None:
+            async with session.post(url, data=BARE_BODY, headers=BARE_HEADERS) as response:
+                await response.read()
+                assert response.status == 200, response.status
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return total / (time.perf_counter() - started)
+        return await _rate(post, total=total, concurrency=concurrency)
 
 
 async def bare_pyreqwest(url: str, *, total: int, concurrency: int) -> float:
     """requests/s of the listener's HTTP client (pyreqwest) alone, as bare_aiohttp."""
-    body = b'{"args":{"i":1},"invoker":{"kind":"schedule"}}'
-    headers = {"Content-Type": "application/json", "X-Request-Id": "bare"}
-    remaining = total
     async with ClientBuilder().max_connections(concurrency).build() as client:
 
-        async def worker() -> None:
-            nonlocal remaining
-            while remaining > 0:
-                remaining -= 1
-                response = await client.post(url).headers(headers).body_bytes(body).build().send()
-                await response.bytes()
-                assert response.status == 200, response.status
+        async def post() -> None:
+            response = await client.post(url).headers(BARE_HEADERS).body_bytes(BARE_BODY).build().send()
+            await response.bytes()
+            assert response.status == 200, response.status
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return total / (time.perf_counter() - started)
+        return await _rate(post, total=total, concurrency=concurrency)
 
 
 async def bare_invoker(template: str, *, total: int, concurrency: int) -> float:
     """requests/s of the listener's HTTP stack alone (Invoker on the listener's session)."""
     now = datetime.now(UTC)
-    queue: asyncio.Queue[Run] = asyncio.Queue()
-    for i in range(total):
-        queue.put_nowait(Run(
-            run_id=i, schedule_id="00000000-0000-0000-0000-000000000000", project_id="bench",
-            function_name="sink", args_json=f'{{"i": {i}}}', request_id=f"bare_{i}", scheduled_for=now,
-            attempt=1, lease_until=now, lease_deadline=0.0))
+    runs = iter([Run(
+        run_id=i, schedule_id="00000000-0000-0000-0000-000000000000", project_id="bench",
+        function_name="sink", args_json=f'{{"i": {i}}}', request_id=f"bare_{i}", scheduled_for=now,
+        attempt=1, lease_until=now, lease_deadline=0.0) for i in range(total)])
 
     async with new_session(concurrency=concurrency) as session:
         invoker = Invoker(session, url_template=template, timeout_s=30, secret=b"bench-secret")
 
-        async def worker() -> None:
-            while not queue.empty():
-                outcome = await invoker.invoke(queue.get_nowait())
-                assert outcome.status == "ok", outcome
+        async def invoke() -> None:
+            outcome = await invoker.invoke(next(runs))
+            assert outcome.status == "ok", outcome
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return total / (time.perf_counter() - started)
+        return await _rate(invoke, total=total, concurrency=concurrency)
 
 
 def seed_schedules(db: psycopg.Connection, count: int, projects: int = PROJECTS) -> None:
@@ -310,12 +307,14 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
             # CPU a request of this process (all its threads: pyreqwest's own included), µs
             bare_cpu: dict[str, list[float]] = {"aiohttp": [], "pyreqwest": [], "invoker": []}
 
+            bare_total = 10_000
+
             def timed(name: str, loop: Callable[[], Coroutine[Any, Any, float]]) -> None:
                 # on the listener's event loop (uvloop when installed), as the listener runs
                 started = time.process_time()
                 with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
                     bare[name].append(runner.run(loop()))
-                bare_cpu[name].append((time.process_time() - started) / 10_000 * 1e6)
+                bare_cpu[name].append((time.process_time() - started) / bare_total * 1e6)
 
             e2e: dict[tuple[int, int, str], list[Round]] = {}
             # The listeners run on uvloop when it is installed; one listener on asyncio's loop too,
@@ -325,11 +324,12 @@ def measure(*, runs: list[int], listener_counts: list[int], concurrency: int, ro
                 loops.append(("asyncio", [1], [max(runs)]))
             for round_no in range(1, rounds + 1):
                 timed("aiohttp",
-                      lambda: bare_aiohttp(sink.url + "/bare", total=10_000, concurrency=concurrency))
+                      lambda: bare_aiohttp(sink.url + "/bare", total=bare_total, concurrency=concurrency))
                 timed("pyreqwest",
-                      lambda: bare_pyreqwest(sink.url + "/bare", total=10_000, concurrency=concurrency))
-                timed("invoker", lambda: bare_invoker(sink.template, total=10_000, concurrency=concurrency))
-                sink.arrivals(30_000)
+                      lambda: bare_pyreqwest(sink.url + "/bare", total=bare_total, concurrency=concurrency))
+                timed("invoker",
+                      lambda: bare_invoker(sink.template, total=bare_total, concurrency=concurrency))
+                sink.arrivals(3 * bare_total)
                 print(f"round {round_no}: " + ", ".join(
                     f"bare {label} {bare[name][-1]:,.0f} requests/s, {bare_cpu[name][-1]:.0f} us CPU each"
                     for name, label in (("aiohttp", "aiohttp loop"), ("pyreqwest", "pyreqwest loop"),
