@@ -243,8 +243,7 @@ class Invoker:
             return _failed(f"timeout: no complete response within {timeout_s:g} s", http_status,
                            retryable=True)
         except http_errors.ConnectError as exc:
-            return _failed(f"connection failed: {_host(run, self._url_template)}: {_reason(exc)}", None,
-                           retryable=True)
+            return _failed(f"connection failed: {_host(request.url)}: {_reason(exc)}", None, retryable=True)
         except (http_errors.BodyDecodeError, http_errors.NetworkError) as exc:
             return _failed(f"connection lost: {_reason(exc)}", http_status, retryable=True)
         except http_errors.DecodeError as exc:
@@ -261,8 +260,8 @@ def storable_text(text: str) -> str:
     """`text` as PostgreSQL text can hold it. A function's answer is not to be trusted to be text:
     a JSON string may carry a lone surrogate (``"\\ud800"`` is valid JSON, and json.loads keeps
     it), which cannot be encoded as UTF-8, and psycopg refuses the whole statement (a batch of
-    outcomes) for it. NUL, which PostgreSQL
-    text cannot hold, is dropped; a lone surrogate becomes U+FFFD."""
+    outcomes) for it. NUL, which PostgreSQL text cannot hold, is dropped; a lone surrogate
+    becomes U+FFFD."""
     return _SURROGATE.sub("\ufffd", text.replace("\x00", ""))
 
 
@@ -275,10 +274,10 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _host(run: Run, url_template: str) -> str:
+def _host(url: str) -> str:
     """Where a request went: host and port, never a user name or password in the URL."""
-    url = urlsplit(_url(url_template, run.project_id, run.function_name))
-    return f"{url.hostname}:{url.port or (443 if url.scheme == 'https' else 80)}"
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
 
 
 def _reason(exc: BaseException) -> str:
