@@ -286,13 +286,14 @@ class HACluster:
 
 
 class SinkProcess:
-    def __init__(self, workdir: Path, hang_s: float) -> None:
+    def __init__(self, workdir: Path, hang_s: float, flap_s: tuple[float, float] = (3.0, 9.0)) -> None:
         self.port = free_port()
         self.control_port = free_port()
         self.record = workdir / "sink-requests.tsv"
         self.record.unlink(missing_ok=True)
         self.log = workdir / "sink.log"
         self.hang_s = hang_s
+        self.flap_s = flap_s  # the function `flapping`: down for [0] seconds, then up for [1]
         self.proc: subprocess.Popen[bytes] | None = None
         self.mode: dict[str, float] = dict(BASELINE_MODE)
 
@@ -300,7 +301,8 @@ class SinkProcess:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "chaos.sink", "--port", str(self.port), "--control-port",
-                 str(self.control_port), "--record", str(self.record), "--hang", str(self.hang_s)],
+                 str(self.control_port), "--record", str(self.record), "--hang", str(self.hang_s),
+                 "--flap-down", str(self.flap_s[0]), "--flap-up", str(self.flap_s[1])],
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=log,
             )
         assert self.proc.stdout is not None

@@ -1,7 +1,8 @@
-"""The listener's clock: tick when a slot comes due, and sweep every interval whatever happened.
+"""The listener's clock: tick when a slot comes due, claim when a waiting run may start, and sweep
+every interval whatever happened.
 
 It sleeps until the earliest next_run_at after the instant its last tick covered
-(dispatch.next_due_after, by the database's clock) and calls dispatch.tick() then, after
+(dispatch.next_slot_after, by the database's clock) and calls dispatch.tick() then, after
 marking in chunks (dispatch.tick_chunk, FIRST_CHUNK runs, then CHUNK_GROWTH times as many each time): with
 100,000 schedules due at one instant, claiming starts once the first chunk is committed rather
 than after one statement of a few seconds. The chunks go on while each takes as many due
@@ -12,6 +13,10 @@ from the instant covered rather than from now, a slot that comes due between a t
 re-plan is ticked at once, not skipped. Every sweep interval it ticks and has the claimer claim,
 whether or not anything was marked (a NOTIFY may have been lost). A failed tick is retried after
 a back-off with a floor, never in a loop, and said once rather than at every retry.
+
+A run marked earlier that waits for its instant (a jittered slot's fire_at, a retry's back-off:
+dispatch.next_start_after) needs a claim then, not a tick: the clock wakes the claimer, at most
+once per START_SPACING_S, since jitter spreads a minute's runs over thousands of instants.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from datetime import datetime
 from dispatcher.backoff import Backoff
 from dispatcher.database import Database, DatabaseUnavailable
 
-__all__ = ["FIRST_CHUNK", "REPLAN_AFTER_S", "Clock"]
+__all__ = ["FIRST_CHUNK", "REPLAN_AFTER_S", "START_SPACING_S", "Clock"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +46,8 @@ REPEAT_WARNING_S = 30.0
 FIRST_CHUNK = 2_000
 CHUNK_GROWTH = 4
 MAX_CHUNK = 64_000
+# Waiting runs whose instants are this close together start with one claim.
+START_SPACING_S = 0.05
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
@@ -58,16 +65,19 @@ class Clock:
     tick: how many runs it marked, whether it was a sweep, and whether LISTEN was active when it
     began (a sweep that began before could have missed a NOTIFY sent before the LISTEN).
     `on_marked(marked)` follows every chunk that marked runs: the claimer may start on them, but
-    a chunk is no tick (it expires no lease), so only on_tick says that ticks succeed."""
+    a chunk is no tick (it expires no lease), so only on_tick says that ticks succeed.
+    `on_start()`: a waiting run's instant came, the claimer may take it."""
 
     def __init__(self, db: Database, *, sweep_interval_s: float, listening: Callable[[], bool],
                  on_tick: Callable[[int, bool, bool], None],
-                 on_marked: Callable[[int], None] = lambda marked: None) -> None:
+                 on_marked: Callable[[int], None] = lambda marked: None,
+                 on_start: Callable[[], None] = lambda: None) -> None:
         self._db = db
         self._interval_s = sweep_interval_s
         self._listening = listening
         self._on_tick = on_tick
         self._on_marked = on_marked
+        self._on_start = on_start
         self._replan = asyncio.Event()
         self._sweep_requested = True
         self._replan_scheduled = False
@@ -99,19 +109,33 @@ class Clock:
         warned_at = 0.0
         # The instant the last tick marked up to (see the module's docstring).
         covered: datetime | None = None
+        # The latest waiting run's instant the claimer was woken for, and when (time.monotonic()).
+        started: datetime | None = None
+        started_mono = 0.0
         while True:
             self._replan.clear()
             if self._sweep_requested:
                 self._sweep_requested = False
                 next_sweep = time.monotonic()
             try:
-                due_in = await self._db.seconds_until_due(covered)
+                # a tick notifies the claimers of the runs it found waiting: what it covered is served
+                wake = await self._db.next_wake(covered, max((t for t in (covered, started) if t is not None),
+                                                             default=None))
             except DatabaseUnavailable:
-                due_in = None  # the sweep retries; the LISTEN session reports the outage
+                wake = None  # the sweep retries; the LISTEN session reports the outage
             now = time.monotonic()
-            wait = next_sweep - now if due_in is None else min(next_sweep - now, due_in + 0.001)
+            tick_at = None if wake is None or wake.tick_in_s is None else now + wake.tick_in_s
+            start_at = None if wake is None or wake.start_in_s is None else max(
+                now + wake.start_in_s, started_mono + START_SPACING_S)
+            wait = min(t for t in (next_sweep, tick_at, start_at) if t is not None) - now + 0.001
             wait = max(wait, not_before - now)
             if wait > 0 and await _wait(self._replan, wait):
+                continue
+            now = time.monotonic()
+            if wake is not None and now < next_sweep and (tick_at is None or now < tick_at):
+                # only a waiting run's instant: a claim takes it
+                started, started_mono = wake.start_at, now
+                self._on_start()
                 continue
             sweep = time.monotonic() >= next_sweep
             if sweep:

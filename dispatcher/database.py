@@ -57,6 +57,7 @@ __all__ = [
     "DatabaseUnavailable",
     "LiveConnection",
     "Recorded",
+    "Wake",
     "check_schema",
     "connect",
     "with_liveness",
@@ -276,6 +277,14 @@ class Recorded(NamedTuple):
     retry_at: datetime | None = None  # not finished: the run is retried then (the database's clock)
     # busy: the lease holds at least until then (time.monotonic(); see BUSY_LEASE_S)
     lease_deadline: float | None = None
+
+
+class Wake(NamedTuple):
+    """When a listener's clock should wake next (dispatch.next_slot_after, next_start_after)."""
+
+    tick_in_s: float | None  # until the next slot: tick then (negative: one came due since)
+    start_in_s: float | None  # until a waiting run may start: claim then
+    start_at: datetime | None  # that instant, by the database's clock
 
 
 def _refused_in_time(exc: errors.QueryCanceled, deadline: float) -> bool:
@@ -668,13 +677,16 @@ class Database:
         rows = await self._fetch("SELECT lost, last_id FROM dispatch.lost_runs_after(%s)", (after_id,))
         return int(rows[0]["lost"]), int(rows[0]["last_id"])
 
-    async def seconds_until_due(self, covered: datetime | None) -> float | None:
-        """Seconds, by the database's clock, until the earliest next_run_at after `covered` (see
-        tick; now when None); negative when a slot came due since. None when there is none."""
+    async def next_wake(self, covered: datetime | None, started: datetime | None) -> Wake:
+        """When the clock should wake next, by the database's clock: the earliest next_run_at after
+        `covered` (see tick; now when None), and the earliest instant after `started` at which a
+        waiting run may start (a jittered slot, a retry's back-off)."""
         rows = await self._fetch(
-            "SELECT extract(epoch FROM dispatch.next_due_after(coalesce(%s, now()))"
-            " - clock_timestamp())::float8 AS s",
-            (covered,),
+            "SELECT extract(epoch FROM dispatch.next_slot_after(coalesce(%s, now())) - clock_timestamp())"
+            "::float8 AS tick_s, w.at AS start_at,"
+            " extract(epoch FROM w.at - clock_timestamp())::float8 AS start_s"
+            " FROM (SELECT dispatch.next_start_after(coalesce(%s, now())) AS at) w",
+            (covered, started),
         )
-        seconds = rows[0]["s"]
-        return None if seconds is None else float(seconds)
+        row = rows[0]
+        return Wake(tick_in_s=row["tick_s"], start_in_s=row["start_s"], start_at=row["start_at"])

@@ -104,7 +104,7 @@ class Listener:
                             on_success=self._database_answered)
         self._clock = Clock(self._db, sweep_interval_s=settings.sweep_interval_s,
                             listening=lambda: self._notifications.listening, on_tick=self._ticked,
-                            on_marked=self._marked)
+                            on_marked=self._marked, on_start=self._start_due)
         self._notifications = Notifications(
             settings.listen_database_url, application_name=settings.application_name,
             on_notify=self._notified, on_connected=self._clock.request_sweep,
@@ -162,6 +162,11 @@ class Listener:
 
     def _marked(self, marked: int) -> None:
         """A chunk of a tick marked runs: claim them now, before the tick is over."""
+        if self._dispatcher is not None:
+            self._dispatcher.wake()
+
+    def _start_due(self) -> None:
+        """A run that waited for its instant (jitter, a retry's back-off) may start: claim it."""
         if self._dispatcher is not None:
             self._dispatcher.wake()
 

@@ -4665,10 +4665,8 @@ CREATE FUNCTION dispatch.next_due_after(covered timestamp with time zone) RETURN
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
-    -- least() ignores NULLs: the earlier of the next slot and the next retry
-    RETURN least((SELECT min(s.next_run_at) FROM dispatch.schedules s WHERE s.next_run_at > next_due_after.covered),
-                 (SELECT min(r.not_before) FROM dispatch.runs r
-                  WHERE r.status = 'pending' AND r.not_before > next_due_after.covered AND r.not_before < 'infinity'));
+    -- least() ignores NULLs
+    RETURN least(dispatch.next_slot_after(next_due_after.covered), dispatch.next_start_after(next_due_after.covered));
 END
 $$;
 
@@ -4677,7 +4675,7 @@ $$;
 -- Name: FUNCTION next_due_after(covered timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.next_due_after(covered timestamp with time zone) IS 'The earliest next_run_at of a live schedule, or not_before of a retry, after "covered" (the instant a caller''s last dispatch.tick() marked up to: its now()). In the past when a slot came due since: tick at once. Schedules whose run is still open stay at their slot, at or before "covered", and are not answered again.';
+COMMENT ON FUNCTION dispatch.next_due_after(covered timestamp with time zone) IS 'The earlier of dispatch.next_slot_after and dispatch.next_start_after for "covered" (the instant a caller''s last dispatch.tick() marked up to: its now()): the earliest next_run_at of a live schedule, or not_before of a waiting run, after it. In the past when a slot came due since: tick at once.';
 
 
 --
@@ -4695,6 +4693,49 @@ CREATE FUNCTION dispatch.next_due_at() RETURNS timestamp with time zone
 --
 
 COMMENT ON FUNCTION dispatch.next_due_at() IS 'The earliest future next_run_at of a live schedule or retry: when a listener should next call dispatch.tick().';
+
+
+--
+-- Name: next_slot_after(timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.next_slot_after(covered timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN (SELECT min(s.next_run_at) FROM dispatch.schedules s WHERE s.next_run_at > next_slot_after.covered);
+END
+$$;
+
+
+--
+-- Name: FUNCTION next_slot_after(covered timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.next_slot_after(covered timestamp with time zone) IS 'The earliest next_run_at of a live schedule after "covered" (the now() of the caller''s last dispatch.tick()): when to tick next. In the past when a slot came due since. Schedules whose run is still open stay at their slot, at or before "covered", and are not answered again.';
+
+
+--
+-- Name: next_start_after(timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.next_start_after(after timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN (SELECT min(r.not_before) FROM dispatch.runs r
+            WHERE r.status = 'pending' AND r.not_before > next_start_after.after AND r.not_before < 'infinity');
+END
+$$;
+
+
+--
+-- Name: FUNCTION next_start_after(after timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.next_start_after(after timestamp with time zone) IS 'The earliest instant after "after" at which a pending run that waits may start (not_before: a jittered slot''s fire_at, a retry''s back-off): when to claim next. Backfill runs waiting their turn (not_before infinity) are left out.';
 
 
 --
@@ -6621,6 +6662,24 @@ GRANT ALL ON FUNCTION dispatch.next_due_after(covered timestamp with time zone) 
 REVOKE ALL ON FUNCTION dispatch.next_due_at() FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.next_due_at() TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch.next_due_at() TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION next_slot_after(covered timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.next_slot_after(covered timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.next_slot_after(covered timestamp with time zone) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.next_slot_after(covered timestamp with time zone) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION next_start_after(after timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.next_start_after(after timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.next_start_after(after timestamp with time zone) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.next_start_after(after timestamp with time zone) TO dispatch_admin;
 
 
 --

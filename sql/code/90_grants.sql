@@ -74,6 +74,8 @@ GRANT EXECUTE ON FUNCTION
     dispatch.release_runs(text, bigint[], integer[]),
     dispatch.next_due_at(),
     dispatch.next_due_after(timestamptz),
+    dispatch.next_slot_after(timestamptz),
+    dispatch.next_start_after(timestamptz),
     dispatch.lost_runs_after(bigint),
     dispatch.skipped_slots_after(bigint),
     dispatch.breaker_states()
@@ -119,6 +121,8 @@ GRANT EXECUTE ON FUNCTION
     dispatch.tick_chunk(integer),
     dispatch.next_due_at(),
     dispatch.next_due_after(timestamptz),
+    dispatch.next_slot_after(timestamptz),
+    dispatch.next_start_after(timestamptz),
     dispatch.pause(uuid, text),
     dispatch.resume(uuid),
     dispatch.run_now(uuid),

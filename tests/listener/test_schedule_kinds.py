@@ -73,6 +73,42 @@ async def test_interval_slots_are_invoked_on_time_by_the_listeners_clock(
     assert len({c.json["invoker"]["fireAt"] for c in calls("jittered")}) == len(calls("jittered"))
 
 
+async def test_jittered_runs_start_with_a_claim_not_a_tick_each(
+    db: psycopg.Connection, sink: Sink, start_listener: StartListener
+) -> None:
+    """120 schedules every 4 s with a jitter of 3.5 s: each slot's runs wait for 120 instants.
+    Each starts at its instant, on time, and the clock ticks only for the slots: a waiting run's
+    instant wakes the claimer (dispatch.next_start_after), not a tick, which reads every
+    schedule still on its slot. (It ticked at each of the 120 instants before.)"""
+    running = await start_listener()
+    ticks = 0
+    database = running.listener._db
+    tick, tick_chunk = database.tick, database.tick_chunk
+
+    async def counted_tick() -> tuple[int, datetime]:
+        nonlocal ticks
+        ticks += 1
+        return await tick()
+
+    async def counted_chunk(max_runs: int) -> tuple[int, int]:
+        nonlocal ticks
+        ticks += 1
+        return await tick_chunk(max_runs)
+
+    database.tick, database.tick_chunk = counted_tick, counted_chunk  # type: ignore[method-assign]
+    anchor = db.execute("SELECT date_trunc('second', now()) + interval '2 seconds'").fetchone()[0]  # type: ignore[index]
+    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, every, anchor, jitter)"
+               " SELECT 'acme', 'spread', '4 seconds', %s, '3.5 seconds' FROM generate_series(1, 120)",
+               (anchor,))
+    await until(lambda: len(sink.calls) >= 240, within=30, what="two slots of each schedule invoked")
+    late = [_late_ms(c, "fireAt") for c in sink.calls]
+    print(f"{len(sink.calls)} jittered runs, late after fireAt p50 {statistics.median(late):.1f} ms,"
+          f" max {max(late):.1f} ms; {ticks} ticks and chunks")
+    assert min(late) >= 0 and max(late) < ON_TIME_MS
+    assert len({c.json["invoker"]["fireAt"] for c in sink.calls}) > 200  # the instants are spread
+    assert ticks < 30, ticks
+
+
 async def test_pause_and_resume_across_slots(
     db: psycopg.Connection, sink: Sink, start_listener: StartListener
 ) -> None:

@@ -42,7 +42,7 @@ def a_run() -> Run:
 
 
 def inject_clock(listener: Listener, db: psycopg.Connection) -> None:
-    listener._db.seconds_until_due = aboom  # type: ignore[method-assign]
+    listener._db.next_wake = aboom  # type: ignore[method-assign]
     listener._clock.replan()
 
 

@@ -1,0 +1,537 @@
+"""An hour of steady load: does anything drift when runs and audit rows are written and pruned
+all day?
+
+    .venv/bin/python -m bench.soak [--minutes 60] [--faults] [--schedules 50000] [--projects 1000]
+                                   [--retention 5min] [--plot docs/img/soak.png] [--quick]
+
+A durable cluster with PostgreSQL's defaults (autovacuum on), pg_cron ticking `dispatch.tick()`
+every minute and `CALL dispatch.prune()` every 10 minutes as the install registers them, two
+listeners and the chaos suite's sink. The schedules are spread over `--projects` tenants of
+skewed sizes (bench.common.TENANTS), in a steady mix:
+
+    40 %  * * * * *                        at the minute
+    40 %  * * * * *                        jitter 45 s (spread over the minute)
+    15 %  */5 * * * *                      jitter 30 s
+     4 %  <m> * * * *                      hourly, m spread over the hour
+     1 %  every 10 seconds
+
+50,000 schedules make about 44,500 runs a minute. The retention of runs and audit rows is
+`--retention` (the settings' one-hour floor is dropped in this database only), so that pruning
+deletes many times within the hour.
+
+Every minute (at the minute's 30th second, away from the burst at its start) it prints and keeps
+one row: runs of the minute and how they ended (the runs whose fire_at lies in the minute before
+last: they are over by then), dispatch latency p50/p99/max (fire_at to the first claim), size
+and dead tuples of runs, audit_log and schedules and the size of each of their indexes,
+autovacuum and prune runs, WAL, each listener's RSS and CPU, PostgreSQL's CPU (the postmaster and
+all its processes), and the longest claim_runs, complete_runs and tick call (pg_stat_statements'
+max_exec_time over the minute: a prune or autovacuum that stalled the hot path shows there).
+
+--faults adds, every 5 minutes, a listener killed with SIGKILL and a new one started 5 s later;
+PostgreSQL restarted once `-m fast` (a third of the way) and once `-m immediate` (two thirds);
+and one schedule in a hundred calls the function `flapping`, which the sink fails for 60 s of
+every 4 minutes (its breakers open and close; its runs end error after their retries).
+
+At the end it checks that no run was lost, nothing is stuck (pending or running well past its
+instant) and that every slot of every schedule over the last minutes still retained is a run or
+lies in a recorded gap (invariant 8); then the goals (after the first retention cycle): table
+and index sizes within 10 % minute to minute, dead tuples bounded, p99 within 2x of the first
+ten minutes', listener RSS within 10 %, no hot-path call over 1 s. The rows go to
+<dir>/soak.json and, with --plot, a PNG (matplotlib: `pip install -e .[bench]`).
+
+--quick: 2,000 schedules over 50 tenants, one minute sampled every 15 s, one listener killed:
+a smoke test of the harness (tests/test_soak.py), not of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.common import ROOT, cluster_cpu_s, process_cpu_s, recreate_database, tenants
+from chaos.run import Cluster, SinkProcess
+
+DATABASE = "soak"
+PGDISPATCH = Path(sys.executable).parent / "pgdispatch"
+TABLES = ("runs", "audit_log", "schedules")
+
+MIX = """
+    INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, every, jitter, args)
+    SELECT t.project_id,
+           CASE WHEN %(flapping)s AND i %% 100 = 7 THEN 'flapping' ELSE 'sink' END,
+           CASE WHEN i %% 100 < 80 THEN '* * * * *'
+                WHEN i %% 100 < 95 THEN '*/5 * * * *'
+                WHEN i %% 100 < 99 THEN (i %% 60) || ' * * * *' END,
+           CASE WHEN i %% 100 = 99 THEN interval '10 seconds' END,
+           CASE WHEN i %% 100 BETWEEN 40 AND 79 THEN interval '45 seconds'
+                WHEN i %% 100 BETWEEN 80 AND 94 THEN interval '30 seconds'
+                ELSE interval '0' END,
+           jsonb_build_object('i', i)
+    FROM {rows}
+"""
+
+RUNS_OF_WINDOW = """
+    SELECT count(*),
+           count(*) FILTER (WHERE status = 'ok'), count(*) FILTER (WHERE status = 'error'),
+           count(*) FILTER (WHERE status = 'lost'), count(*) FILTER (WHERE status = 'skipped'),
+           count(*) FILTER (WHERE status IN ('pending', 'running')),
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY lat),
+           percentile_cont(0.99) WITHIN GROUP (ORDER BY lat), max(lat)
+    FROM (SELECT r.status,
+                 extract(epoch FROM coalesce((r.earlier_attempts -> 0 ->> 'claimedAt')::timestamptz,
+                                             r.claimed_at) - r.fire_at) AS lat
+          FROM dispatch.runs r
+          -- created when marked, up to a minute before it fires (jitter, a tick ahead)
+          WHERE r.created_at >= %(lo)s - interval '75 seconds'
+            AND r.fire_at >= %(lo)s AND r.fire_at < %(hi)s AND r.kind = 'scheduled') x
+"""
+
+SIZES = """
+    SELECT c.relname, pg_relation_size(c.oid)
+    FROM pg_class c
+    WHERE c.oid IN ('dispatch.runs'::regclass, 'dispatch.audit_log'::regclass, 'dispatch.schedules'::regclass)
+       OR c.oid IN (SELECT i.indexrelid FROM pg_index i
+                    WHERE i.indrelid IN ('dispatch.runs'::regclass, 'dispatch.audit_log'::regclass,
+                                         'dispatch.schedules'::regclass))
+"""
+
+TABLE_STATS = """
+    SELECT relname, n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count
+    FROM pg_stat_user_tables WHERE schemaname = 'dispatch' AND relname = ANY (%s)
+"""
+
+HOT_PATH = """
+    SELECT coalesce(max(max_exec_time) FILTER (WHERE query LIKE %s), 0),
+           coalesce(max(max_exec_time) FILTER (WHERE query LIKE %s), 0),
+           coalesce(max(max_exec_time) FILTER (WHERE query LIKE %s), 0)
+    FROM pg_stat_statements
+"""
+
+# Slots of the last retained minutes that are neither a run nor in a recorded gap (invariant 8).
+UNACCOUNTED = """
+    WITH slot AS (
+        SELECT s.id, t
+        FROM dispatch.schedules s
+        CROSS JOIN LATERAL dispatch._cron_slots(s.cron_spec, %(lo)s, %(hi)s, s.timezone, 100000) t
+        WHERE s.created_at < %(lo)s
+    ), no_run AS MATERIALIZED (
+        SELECT x.id, x.t FROM slot x
+        WHERE NOT EXISTS (SELECT FROM dispatch.runs r WHERE r.schedule_id = x.id AND r.scheduled_for = x.t)
+    )
+    SELECT (SELECT count(*) FROM slot), count(*)
+    FROM no_run x
+    WHERE NOT EXISTS (SELECT FROM dispatch.audit_log a
+                      WHERE a.action = 'schedule.slots.skipped'
+                        AND (a.metadata ->> 'scheduleId')::uuid = x.id
+                        AND x.t BETWEEN (a.metadata ->> 'first')::timestamptz
+                                    AND (a.metadata ->> 'last')::timestamptz)
+"""
+
+
+@dataclass
+class Listener:
+    worker: str
+    proc: subprocess.Popen[bytes]
+    cpu_s: float = 0.0  # CPU used up to the last sample
+
+
+@dataclass
+class Soak:
+    folder: Path
+    schedules: int
+    projects: int
+    retention: str
+    minutes: float
+    sample_s: float
+    faults: bool
+    concurrency: int = 64
+    cluster: Cluster = field(init=False)
+    sink: SinkProcess = field(init=False)
+    listeners: list[Listener] = field(default_factory=list)
+    next_worker: int = 1
+    events: list[tuple[float, str]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    slots_checked: int = 0
+    t0: float = 0.0
+
+    # -- set-up --------------------------------------------------------------------------------
+
+    def start(self) -> str:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.cluster = Cluster(self.folder / "cluster")
+        self.cluster.start()
+        admin = f"postgresql://postgres@127.0.0.1:{self.cluster.port}/postgres"
+        with psycopg.connect(admin, autocommit=True) as conn:
+            row = conn.execute("SELECT current_setting('shared_preload_libraries')").fetchone()
+            if row is None or "pg_stat_statements" not in row[0]:
+                conn.execute("ALTER SYSTEM SET shared_preload_libraries = pg_cron, pg_stat_statements")
+                restart = True
+            else:
+                restart = False
+        if restart:
+            self.cluster.restart("fast")
+        url = recreate_database(str(self.cluster.port), DATABASE)
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            db.execute("ALTER TABLE dispatch.settings DROP CONSTRAINT settings_runs_retention_check,"
+                       " DROP CONSTRAINT settings_audit_retention_check")
+            db.execute("UPDATE dispatch.settings SET runs_retention = %s, audit_retention = %s",
+                       (self.retention, self.retention))
+            rows, params = tenants(self.schedules, self.projects)
+            db.execute(MIX.format(rows=rows), {**params, "flapping": self.faults})
+            db.execute("VACUUM ANALYZE dispatch.schedules")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE database = %s", (DATABASE,))
+            for job, every, command in (("dispatch-tick", "* * * * *", "SELECT dispatch.tick()"),
+                                        ("dispatch-prune", "*/10 * * * *", "CALL dispatch.prune()")):
+                conn.execute("SELECT cron.schedule_in_database(%s, %s, %s, %s)",
+                             (job, every, command, DATABASE))
+        # the function `flapping` is down 60 s of every 4 minutes; nothing else ever fails
+        self.sink = SinkProcess(self.folder, hang_s=5.0, flap_s=(60.0, 180.0))
+        self.sink.mode = {}
+        self.sink.start()
+        for _ in range(2):
+            self.start_listener()
+        return url
+
+    def start_listener(self) -> None:
+        worker = f"soak-{self.next_worker}"
+        self.next_worker += 1
+        template = f"http://127.0.0.1:{self.sink.port}/w/{worker}/projects/{{project_id}}/functions/{{function_name}}"
+        with (self.folder / f"{worker}.log").open("wb") as log:
+            proc = subprocess.Popen(
+                [str(PGDISPATCH), "listen", "--database-url", self.cluster.url(DATABASE),
+                 "--invoke-url", template, "--worker-id", worker, "--concurrency", str(self.concurrency),
+                 "--log-level", "warning"],
+                stdout=log, stderr=subprocess.STDOUT)
+        self.listeners.append(Listener(worker, proc))
+
+    def stop(self) -> None:
+        for listener in self.listeners:
+            if listener.proc.poll() is None:
+                listener.proc.send_signal(signal.SIGTERM)
+        for listener in self.listeners:
+            try:
+                listener.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                listener.proc.kill()
+        self.sink.stop()
+        admin = f"postgresql://postgres@127.0.0.1:{self.cluster.port}/postgres"
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE database = %s", (DATABASE,))
+        self.cluster.stop()
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def live(self) -> list[Listener]:
+        return [item for item in self.listeners if item.proc.poll() is None]
+
+    def kill_listener(self) -> None:
+        victim = self.live()[0]
+        victim.proc.kill()
+        victim.proc.wait()
+        self.event(f"kill -9 {victim.worker}")
+        time.sleep(5)
+        self.start_listener()
+
+    def restart_postgres(self, mode: str) -> None:
+        self.event(f"PostgreSQL restart -m {mode}")
+        self.cluster.restart(mode)
+
+    def event(self, what: str) -> None:
+        self.events.append((time.time(), what))
+        print(f"  {time.strftime('%H:%M:%S')} {what}", flush=True)
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    def postmaster(self) -> int:
+        return int((self.folder / "cluster" / "data" / "postmaster.pid").read_text().split()[0])
+
+    def sample(self, db: psycopg.Connection[Any], admin: psycopg.Connection[Any], at: float,
+               since: dict[str, Any]) -> dict[str, Any]:
+        lag = self.sample_s * 1.5  # the window: [at - lag - sample_s, at - lag), over by now
+        lo, hi = at - lag - self.sample_s, at - lag
+        row: dict[str, Any] = {"t_min": round((at - since["t0"]) / 60, 2)}
+        runs = db.execute(RUNS_OF_WINDOW, {"lo": _ts(lo), "hi": _ts(hi)}).fetchone()
+        assert runs is not None
+        row |= dict(zip(("runs", "ok", "error", "lost", "skipped", "open"), runs[:6], strict=True))
+        row["runs_per_s"] = runs[0] / self.sample_s
+        row |= {"p50_s": runs[6], "p99_s": runs[7], "max_s": runs[8]}
+        row["sizes_mb"] = {name: size / 2**20 for name, size in db.execute(SIZES).fetchall()}
+        row["tables"] = {name: {"live": live, "dead": dead, "autovacuums": av, "autoanalyzes": aa}
+                         for name, live, dead, av, aa in db.execute(TABLE_STATS, (list(TABLES),)).fetchall()}
+        lsn = db.execute("SELECT pg_current_wal_lsn()").fetchone()
+        assert lsn is not None
+        if "lsn" in since:
+            wal = db.execute("SELECT pg_wal_lsn_diff(%s, %s)", (lsn[0], since["lsn"])).fetchone()
+            assert wal is not None
+            row["wal_mb"] = float(wal[0]) / 2**20
+        since["lsn"] = lsn[0]
+        hot = db.execute(HOT_PATH, ("%claim_runs%", "%complete_runs%", "%dispatch.tick%")).fetchone()
+        assert hot is not None
+        row |= {"claim_max_ms": hot[0], "complete_max_ms": hot[1], "tick_max_ms": hot[2]}
+        db.execute("SELECT pg_stat_statements_reset()")
+        row["prunes"] = [
+            {"at": s.timestamp(), "s": d} for s, d in admin.execute(
+                "SELECT d.start_time, extract(epoch FROM d.end_time - d.start_time)::float8"
+                " FROM cron.job_run_details d JOIN cron.job j USING (jobid)"
+                " WHERE j.jobname = 'dispatch-prune' AND j.database = %s AND d.start_time >= to_timestamp(%s)"
+                "   AND d.end_time IS NOT NULL ORDER BY d.start_time",
+                (DATABASE, since["prune_after"])).fetchall()]
+        if row["prunes"]:
+            since["prune_after"] = row["prunes"][-1]["at"] + 0.001
+        listeners = []
+        for item in self.live():
+            cpu = process_cpu_s(item.proc.pid)
+            listeners.append({"worker": item.worker, "rss_mb": _rss_mb(item.proc.pid),
+                              "cpu_s": cpu - item.cpu_s})
+            item.cpu_s = cpu
+        row["listeners"] = listeners
+        postmaster = self.postmaster()
+        cpu = cluster_cpu_s(postmaster)
+        if since.get("postmaster") == postmaster:
+            row["pg_cpu_s"] = cpu - since["pg_cpu"]
+        since |= {"postmaster": postmaster, "pg_cpu": cpu}
+        return row
+
+    def run(self) -> None:
+        url = self.start()
+        faults_at: list[tuple[float, Any]] = []
+        t0 = self.t0 = time.time()
+        if self.faults:
+            every = min(300.0, self.minutes * 60 / 2)
+            faults_at += [(t0 + k * every + 20, self.kill_listener)
+                          for k in range(1, int(self.minutes * 60 / every) + 1)
+                          if k * every + 20 < self.minutes * 60]
+            if self.minutes >= 6:
+                faults_at += [(t0 + self.minutes * 20 + 40, lambda: self.restart_postgres("fast")),
+                              (t0 + self.minutes * 40 + 40, lambda: self.restart_postgres("immediate"))]
+            faults_at.sort(key=lambda item: item[0])
+        print(f"soak: {self.schedules:,} schedules over {self.projects:,} tenants, retention "
+              f"{self.retention}, {self.minutes:g} min, sampled every {self.sample_s:g} s"
+              f"{', with faults' if self.faults else ''}; durable cluster in {self.folder}", flush=True)
+        since: dict[str, Any] = {"t0": t0, "prune_after": t0}
+        # samples at the 30th second of each minute (or every sample_s from the start)
+        first = (t0 // 60 + 1) * 60 + 30 if self.sample_s == 60 else t0 + self.sample_s
+        end = t0 + self.minutes * 60
+        at = first
+        try:
+            while at <= end + self.sample_s * 1.5:
+                while time.time() < at:
+                    if faults_at and time.time() >= faults_at[0][0]:
+                        faults_at.pop(0)[1]()
+                        continue
+                    time.sleep(min(0.5, max(0.0, at - time.time())))
+                row = self._sample_retrying(url, at, since)
+                self.rows.append(row)
+                print(_line(row), flush=True)
+                at += self.sample_s
+            self.check(url, end)
+        finally:
+            self.stop()
+
+    def _sample_retrying(self, url: str, at: float, since: dict[str, Any]) -> dict[str, Any]:
+        """A sample taken right after a restart may meet a database still starting."""
+        for attempt in range(30):
+            try:
+                with psycopg.connect(url, autocommit=True) as db, \
+                        psycopg.connect(self.cluster.url("postgres"), autocommit=True) as admin:
+                    return self.sample(db, admin, at, since)
+            except psycopg.OperationalError:
+                if attempt == 29:
+                    raise
+                time.sleep(1)
+        raise AssertionError("unreachable")
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def check(self, url: str, end: float) -> None:
+        for item in self.listeners:
+            if item.proc.poll() not in (None, -signal.SIGKILL):
+                self.failures.append(f"{item.worker} exited with {item.proc.returncode}")
+        with psycopg.connect(url, autocommit=True) as db:
+            lost = sum(row["lost"] for row in self.rows)
+            if lost:
+                self.failures.append(f"{lost} runs lost")
+            stuck = db.execute(
+                "SELECT count(*) FROM dispatch.runs WHERE status IN ('pending', 'running')"
+                " AND fire_at < now() - interval '3 minutes' AND coalesce(not_before, '-infinity') < now()"
+            ).fetchone()
+            assert stuck is not None
+            if stuck[0]:
+                self.failures.append(f"{stuck[0]} runs stuck (open 3 minutes past their instant)")
+            retention = db.execute("SELECT extract(epoch FROM runs_retention)::float8 FROM dispatch.settings"
+                                   ).fetchone()
+            assert retention is not None
+            # slots whose runs the ticks have marked by now, of schedules created before, still retained
+            hi = time.time() - self.sample_s * 1.5
+            lo = max(hi - retention[0] + self.sample_s, self.t0 + 10)
+            slots = db.execute(UNACCOUNTED, {"lo": _ts(lo), "hi": _ts(hi)}).fetchone()
+            assert slots is not None
+            self.slots_checked = slots[0]
+            if slots[1]:
+                self.failures.append(f"{slots[1]} of {slots[0]} slots neither a run nor in a recorded gap")
+            if not slots[0]:
+                self.failures.append("no slot to check: the window was empty")
+        print(f"checks: {sum(r['runs'] for r in self.rows):,} runs sampled, {lost} lost; "
+              f"{self.slots_checked:,} slots of the last {(hi - lo) / 60:.1f} min each a run or in a gap; "
+              + ("OK" if not self.failures else "FAILED: " + "; ".join(self.failures)), flush=True)
+
+
+def goals(rows: list[dict[str, Any]], warm_min: float) -> tuple[list[str], list[str]]:
+    """The long-horizon goals over the rows after `warm_min` minutes (the first retention cycle):
+    (what was found, the goals missed)."""
+    steady = [r for r in rows if r["t_min"] >= warm_min]
+    if len(steady) < 2:
+        return ["too short to judge the goals"], []
+    found, missed = [], []
+    worst = max(((abs(b["sizes_mb"][k] - a["sizes_mb"][k]) / a["sizes_mb"][k], k)
+                 for a, b in itertools.pairwise(steady) for k in b["sizes_mb"]
+                 if a["sizes_mb"].get(k, 0) > 1), default=(0.0, "-"))
+    found.append(f"largest minute-to-minute size change {worst[0]:.1%} ({worst[1]})")
+    if worst[0] > 0.10:
+        missed.append("sizes within 10 % minute to minute")
+    dead = {t: max(r["tables"][t]["dead"] for r in steady) for t in TABLES}
+    found.append("dead tuples at most " + ", ".join(f"{t} {n:,}" for t, n in dead.items()))
+    first = [r["p99_s"] for r in rows if r["p99_s"] is not None and r["t_min"] <= 10]
+    later = [r["p99_s"] for r in steady if r["p99_s"] is not None]
+    if first and later:
+        base = statistics.median(first)
+        found.append(f"p99 {base:.2f} s in the first ten minutes (median), at most {max(later):.2f} s after")
+        if max(later) > 2 * base:
+            missed.append("p99 within 2x of the first ten minutes")
+    rss = [sum(item["rss_mb"] for item in r["listeners"]) / max(len(r["listeners"]), 1) for r in steady]
+    found.append(f"listener RSS {min(rss):.0f}-{max(rss):.0f} MB")
+    if max(rss) > 1.1 * rss[0]:
+        missed.append("listener RSS within 10 %")
+    pause = max(max(r["claim_max_ms"], r["complete_max_ms"]) for r in steady)
+    found.append(f"longest claim or completion call {pause:.0f} ms")
+    if pause > 1000:
+        missed.append("no hot-path call over 1 s")
+    return found, missed
+
+
+def plot(rows: list[dict[str, Any]], events: list[tuple[float, str]], t0: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [r["t_min"] for r in rows]
+    fig, axes = plt.subplots(3, 2, figsize=(12, 10), sharex=True)
+    panels: list[tuple[str, list[tuple[str, list[float | None]]]]] = [
+        ("runs/s", [("runs/s", [r["runs_per_s"] for r in rows])]),
+        ("dispatch latency (s)", [(k, [r[f"{k}_s"] for r in rows]) for k in ("p50", "p99", "max")]),
+        ("size (MB)", [(k, [r["sizes_mb"].get(k) for r in rows]) for k in TABLES]
+         + [("their indexes", [sum(v for n, v in r["sizes_mb"].items() if n not in TABLES) for r in rows])]),
+        ("dead tuples", [(k, [r["tables"][k]["dead"] for r in rows]) for k in TABLES]),
+        ("CPU (% of one core) and WAL (MB/min)",
+         [("PostgreSQL CPU", [_pct(r.get("pg_cpu_s"), rows) for r in rows]),
+          ("listeners CPU", [_pct(sum(i["cpu_s"] for i in r["listeners"]), rows) for r in rows]),
+          ("WAL", [r.get("wal_mb") for r in rows])]),
+        ("listener RSS (MB) and longest call (ms)",
+         [("RSS", [max((i["rss_mb"] for i in r["listeners"]), default=None) for r in rows]),
+          ("claim_runs", [r["claim_max_ms"] for r in rows]),
+          ("complete_runs", [r["complete_max_ms"] for r in rows])]),
+    ]
+    for ax, (title, series) in zip(axes.flat, panels, strict=True):
+        for label, values in series:
+            ax.plot(t, [float("nan") if v is None else v for v in values], label=label)
+        for at, what in events:
+            ax.axvline((at - t0) / 60, color="grey", linewidth=0.6, linestyle=":" if "kill" in what else "--")
+        ax.set_title(title)
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("minutes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def _pct(cpu_s: float | None, rows: list[dict[str, Any]]) -> float | None:
+    if cpu_s is None or len(rows) < 2:
+        return None
+    return 100 * cpu_s / ((rows[1]["t_min"] - rows[0]["t_min"]) * 60)
+
+
+def _ts(epoch: float) -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(epoch, UTC)
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _line(row: dict[str, Any]) -> str:
+    sizes = row["sizes_mb"]
+    indexes = sum(v for k, v in sizes.items() if k not in TABLES)
+    latency = "-" if row["p99_s"] is None else f"{row['p50_s']:.2f}/{row['p99_s']:.2f}/{row['max_s']:.2f} s"
+    prunes = ", ".join(f"{p['s']:.1f} s" for p in row["prunes"])
+    rss = "/".join(f"{i['rss_mb']:.0f}" for i in row["listeners"])
+    return (f"  {row['t_min']:5.1f} min  {row['runs_per_s']:6.0f} runs/s  ok {row['ok']:,}"
+            f" error {row['error']:,} lost {row['lost']} open {row['open']}  latency {latency}"
+            f"  runs {sizes.get('runs', 0):.0f} MB"
+            f" audit {sizes.get('audit_log', 0):.0f} MB indexes {indexes:.0f} MB  dead"
+            f" {row['tables']['runs']['dead']:,}/{row['tables']['audit_log']['dead']:,}"
+            f"  WAL {row.get('wal_mb', 0):.0f} MB  PG CPU {row.get('pg_cpu_s', 0):.0f} s"
+            f"  RSS {rss} MB"
+            f"  longest claim/complete {row['claim_max_ms']:.0f}/{row['complete_max_ms']:.0f} ms"
+            + (f"  prune {prunes}" if prunes else ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=60)
+    parser.add_argument("--schedules", type=int, default=50_000)
+    parser.add_argument("--projects", type=int, default=1000)
+    parser.add_argument("--retention", default="5 minutes")
+    parser.add_argument("--faults", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="a one-minute smoke test of the harness")
+    parser.add_argument("--dir", type=Path)
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args()
+    if args.quick:
+        args.minutes, args.schedules, args.projects, args.retention = 1, 2000, 50, "2 minutes"
+    name = "soak-quick" if args.quick else ("soak-faults" if args.faults else "soak")
+    folder = args.dir or ROOT / ".pgdata" / f"{name}-durable"
+    soak = Soak(folder=folder, schedules=args.schedules, projects=args.projects, retention=args.retention,
+                minutes=args.minutes, sample_s=15 if args.quick else 60, faults=args.faults or args.quick)
+    soak.run()
+    found, missed = goals(soak.rows, warm_min=15) if not args.quick else ([], [])
+    for line in found:
+        print(f"  {line}")
+    if not args.quick:  # a smoke test of the harness: its figures judge nothing
+        print("goals: " + ("met" if not missed else "missed: " + "; ".join(missed)))
+    (folder / "soak.json").write_text(json.dumps({"rows": soak.rows, "events": soak.events,
+                                                  "failures": soak.failures, "goals_missed": missed},
+                                                 default=float))
+    if args.plot:
+        plot(soak.rows, soak.events, soak.t0, args.plot)
+    if soak.failures:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
