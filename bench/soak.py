@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -532,6 +531,10 @@ def main() -> None:
         raise SystemExit(1)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # the listeners, the sink and the cluster are stopped on the way out
+
+
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    signal.signal(signal.SIGTERM, _interrupt)
     main()
