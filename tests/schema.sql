@@ -913,7 +913,16 @@ CREATE FUNCTION dispatch._claimable_between(after text, upto text, n integer) RE
     SET enable_sort TO 'off'
     SET jit TO 'off'
     AS $$
+DECLARE
+    front constant integer := 5000;
+    waiting text[];
+    seen integer;
 BEGIN
+    SELECT array_agg(DISTINCT f.project_id), count(*) INTO waiting, seen
+    FROM (SELECT r.project_id FROM dispatch.runs r
+          WHERE r.status = 'pending' AND r.not_before IS NOT NULL AND r.not_before <= now()
+          ORDER BY r.not_before, r.id
+          LIMIT front + 1) f;
     RETURN (WITH RECURSIVE walk(project_id, step) AS (
         SELECT after, 0
         UNION ALL
@@ -923,10 +932,14 @@ BEGIN
             SELECT least((SELECT r.project_id FROM dispatch.runs r
                           WHERE r.status = 'pending' AND r.not_before IS NULL AND r.project_id > w.project_id
                           ORDER BY r.project_id LIMIT 1),
-                         (SELECT r.project_id FROM dispatch.runs r
-                          WHERE r.status = 'pending' AND r.not_before IS NOT NULL AND r.not_before <= now()
-                            AND r.project_id > w.project_id
-                          ORDER BY r.project_id LIMIT 1)) AS project_id
+                         CASE WHEN seen <= front
+                              THEN (SELECT min(p.project_id) FROM unnest(waiting) AS p(project_id)
+                                    WHERE p.project_id > w.project_id)
+                              ELSE (SELECT r.project_id FROM dispatch.runs r
+                                    WHERE r.status = 'pending' AND r.not_before IS NOT NULL
+                                      AND r.not_before <= now() AND r.project_id > w.project_id
+                                    ORDER BY r.project_id LIMIT 1)
+                         END) AS project_id
             OFFSET 0  -- once a step, not once for each place that reads it
         ) nx
         WHERE w.step < n AND nx.project_id <= coalesce(upto, nx.project_id)
@@ -940,7 +953,7 @@ $$;
 -- Name: FUNCTION _claimable_between(after text, upto text, n integer); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch._claimable_between(after text, upto text, n integer) IS 'The projects with runs a claim may take now (pending, not_before NULL or over) after "after" and up to "upto" (NULL: no bound), at most n, in project_id order (a loose index scan: two index descents a project).';
+COMMENT ON FUNCTION dispatch._claimable_between(after text, upto text, n integer) IS 'The projects with runs a claim may take now (pending, not_before NULL or over) after "after" and up to "upto" (NULL: no bound), at most n, in project_id order (a loose index scan: an index descent a project, and the projects of the waiting runs that may start read off the front of runs_not_before_idx).';
 
 
 --

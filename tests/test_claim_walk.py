@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -171,3 +172,35 @@ def test_every_project_with_due_runs_is_served_within_its_turn(db: psycopg.Conne
             assert waiting[name] < bound[name], (name, waiting, took, pending)
             pending[name] = left - took[name]
     assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE status = 'pending'") == 0
+
+
+@pytest.mark.parametrize("storm", [False, True], ids=["few waiting", "a storm of waiting runs"])
+def test_the_walk_lists_the_projects_whose_waiting_runs_may_start(db: psycopg.Connection,
+                                                                  storm: bool) -> None:
+    """Runs that wait for their instant (retries, jittered slots) are listed by their project
+    once the instant is over, never before: read off the front of the waiting runs when it is
+    short, walked project by project beyond 5,000 (a storm of retries): the same answer."""
+    db.execute("TRUNCATE dispatch.runs, dispatch.audit_log, dispatch.projects, dispatch.schedules")
+    # p0, p3: on their slot; p1, p4, p7: waiting, instant over; p2, p5: waiting, instant ahead;
+    # p6 both over and ahead; p8, p9 nothing
+    counts = {"p0": 2, "p1": 5001 if storm else 3, "p2": 4, "p3": 1, "p4": 2, "p5": 3, "p6": 4, "p7": 1}
+    for name, count in counts.items():
+        db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
+                   " SELECT %s, 'fn', '* * * * *' FROM generate_series(1, %s)", (name, count))
+    db.execute("UPDATE dispatch.schedules"
+               " SET next_run_at = date_trunc('minute', now() - interval '1 minute')")
+    db.execute("SELECT dispatch.tick()")
+    db.execute("UPDATE dispatch.runs SET not_before = now() - interval '1 second'"
+               " WHERE project_id IN ('p1', 'p4', 'p7')")
+    db.execute("UPDATE dispatch.runs SET not_before = now() + interval '1 hour'"
+               " WHERE project_id IN ('p2', 'p5')")
+    db.execute("UPDATE dispatch.runs SET not_before = now() + CASE WHEN id % 2 = 0 THEN interval '1 hour'"
+               " ELSE interval '-1 second' END WHERE project_id = 'p6'")
+    waiting_over = scalar(db, "SELECT count(*) FROM dispatch.runs WHERE not_before <= now()")
+    assert (waiting_over > 5000) == storm
+    claimable = ["p0", "p1", "p3", "p4", "p6", "p7"]
+    for after, upto, n in [("", None, 100), ("", None, 3), ("p1", None, 100), ("p3", "p6", 100),
+                           ("p7", None, 5)]:
+        expected = [p for p in claimable if p > after and (upto is None or p <= upto)][:n]
+        got = scalar(db, "SELECT dispatch._claimable_between(%s, %s, %s)", (after, upto, n))
+        assert (got or []) == expected, (after, upto, n)
