@@ -4736,10 +4736,13 @@ COMMENT ON FUNCTION dispatch.next_slot_after(covered timestamp with time zone) I
 CREATE FUNCTION dispatch.next_start_after(after timestamp with time zone) RETURNS timestamp with time zone
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_sort TO 'off'
     AS $$
 BEGIN
-    RETURN (SELECT min(r.not_before) FROM dispatch.runs r
-            WHERE r.status = 'pending' AND r.not_before > next_start_after.after AND r.not_before < 'infinity');
+    RETURN (SELECT r.not_before FROM dispatch.runs r
+            WHERE r.status = 'pending' AND r.not_before > next_start_after.after AND r.not_before < 'infinity'
+            ORDER BY r.not_before
+            LIMIT 1);
 END
 $$;
 
