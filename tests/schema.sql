@@ -212,6 +212,7 @@ COMMENT ON COLUMN dispatch.runs.held_by_breaker IS 'Pending because its function
 CREATE FUNCTION dispatch._advance_schedules(finished dispatch.runs[], guarded boolean) RETURNS TABLE(run_id bigint, advanced boolean, follow_up boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     -- the statement's clock: a transaction that began before the slot must not land on it
@@ -317,6 +318,7 @@ $$;
 CREATE FUNCTION dispatch._audit_runs(finished dispatch.runs[]) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -2933,6 +2935,7 @@ COMMENT ON FUNCTION dispatch._stopped_as(s dispatch.schedules) IS 'What stopped 
 CREATE FUNCTION dispatch._take_running(run_ids bigint[], attempts integer[], OUT ids bigint[], OUT tids tid[]) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     SET enable_indexscan TO 'off'
     SET enable_seqscan TO 'off'
     AS $$
@@ -3611,6 +3614,7 @@ COMMENT ON PROCEDURE dispatch.complete_run(IN run_id bigint, IN worker text, IN 
 CREATE FUNCTION dispatch.complete_runs(worker text, run_ids bigint[], attempts integer[], statuses text[], errors text[], http_statuses integer[], durations_ms integer[], retryable boolean[] DEFAULT NULL::boolean[], retry_after_ms integer[] DEFAULT NULL::integer[]) RETURNS TABLE(run_id bigint, recorded boolean, advanced boolean, busy boolean, retry_at timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
     SET jit TO 'off'
     AS $$

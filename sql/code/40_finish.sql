@@ -33,6 +33,8 @@ RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- its generic plan (see dispatch._advance_schedules)
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -74,6 +76,9 @@ RETURNS TABLE (run_id bigint, advanced boolean, follow_up boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- Its generic plan, never a custom one per call: the array's size is all a custom plan knows
+-- more, planning this statement afresh at each call cost more than running it for a small batch.
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     -- the statement's clock: a transaction that began before the slot must not land on it

@@ -84,6 +84,8 @@ CREATE OR REPLACE FUNCTION dispatch._take_running(run_ids bigint[], attempts int
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- its generic plan (see dispatch._advance_schedules)
+SET plan_cache_mode = force_generic_plan
 SET enable_indexscan = off
 SET enable_seqscan = off
 AS $$
@@ -115,6 +117,8 @@ RETURNS TABLE (run_id bigint, recorded boolean, advanced boolean, busy boolean, 
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- its generic plans (see dispatch._advance_schedules)
+SET plan_cache_mode = force_generic_plan
 -- The runs are found where the fence found them (their ctids) or by id, never by a scan of runs,
 -- whatever the statistics say: on a runs table that has not been analyzed yet (a fresh install's
 -- first stampede), a plan recorded each batch with a scan of the whole table (6.3 against 1.6 ms
