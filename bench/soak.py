@@ -423,6 +423,42 @@ def goals(rows: list[dict[str, Any]], warm_min: float) -> tuple[list[str], list[
     return found, missed
 
 
+def table(rows: list[dict[str, Any]], block_min: int = 10) -> str:
+    """The rows as a Markdown table, one line per `block_min` minutes: medians of the rates,
+    worst of the latencies, sizes and pauses, sums of the maintenance."""
+    lines = ["| minutes | runs/s | latency p50 / p99 / max | runs + audit_log + their indexes"
+             " | dead tuples, runs (max) | autovacuums runs / audit_log / schedules | prunes (longest)"
+             " | WAL a minute | CPU a minute: PostgreSQL / listeners | listener RSS"
+             " | longest claim / completion |",
+             "|---" * 11 + "|"]
+    for start in range(0, int(max(r["t_min"] for r in rows)) + 1, block_min):
+        block = [r for r in rows if start <= r["t_min"] < start + block_min]
+        timed = [r for r in block if r["p99_s"] is not None]
+        if not timed:
+            continue
+        first, last = block[0], block[-1]
+        sizes = last["sizes_mb"]
+        vacuums = "/".join(str(last["tables"][t]["autovacuums"] - first["tables"][t]["autovacuums"])
+                           for t in TABLES)
+        prunes = [p["s"] for r in block for p in r["prunes"]]
+        cpu = [r for r in block if "pg_cpu_s" in r]
+        lines.append(
+            f"| {start}-{start + block_min} | {statistics.median(r['runs_per_s'] for r in timed):,.0f}"
+            f" | {statistics.median(r['p50_s'] for r in timed):.2f} / {max(r['p99_s'] for r in timed):.2f} /"
+            f" {max(r['max_s'] for r in timed):.2f} s"
+            f" | {sizes.get('runs', 0):.0f} + {sizes.get('audit_log', 0):.0f} +"
+            f" {sum(v for k, v in sizes.items() if k not in TABLES):.0f} MB"
+            f" | {max(r['tables']['runs']['dead'] for r in block):,} | {vacuums}"
+            f" | {len(prunes)}{f' ({max(prunes):.1f} s)' if prunes else ''}"
+            f" | {statistics.median(r.get('wal_mb', 0) for r in block):.0f} MB"
+            f" | {statistics.median(r['pg_cpu_s'] for r in cpu) if cpu else 0:.0f} /"
+            f" {statistics.median(sum(i['cpu_s'] for i in r['listeners']) for r in block):.0f} s"
+            f" | {max(max((i['rss_mb'] for i in r['listeners']), default=0) for r in block):.0f} MB"
+            f" | {max(r['claim_max_ms'] for r in block):.0f} /"
+            f" {max(r['complete_max_ms'] for r in block):.0f} ms |")
+    return "\n".join(lines)
+
+
 def plot(rows: list[dict[str, Any]], events: list[tuple[float, str]], t0: float, path: Path) -> None:
     import matplotlib
 
@@ -509,11 +545,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a one-minute smoke test of the harness")
     parser.add_argument("--dir", type=Path)
     parser.add_argument("--plot", type=Path)
+    parser.add_argument("--report", action="store_true",
+                        help="no run: the table, the goals and the plot of the last run's soak.json in --dir")
     args = parser.parse_args()
     if args.quick:
         args.minutes, args.schedules, args.projects, args.retention = 1, 2000, 50, "2 minutes"
     name = "soak-quick" if args.quick else ("soak-faults" if args.faults else "soak")
     folder = args.dir or ROOT / ".pgdata" / f"{name}-durable"
+    if args.report:
+        report(folder, args.plot)
+        return
     soak = Soak(folder=folder, schedules=args.schedules, projects=args.projects, retention=args.retention,
                 minutes=args.minutes, sample_s=15 if args.quick else 60, faults=args.faults or args.quick)
     soak.run()
@@ -522,13 +563,28 @@ def main() -> None:
         print(f"  {line}")
     if not args.quick:  # a smoke test of the harness: its figures judge nothing
         print("goals: " + ("met" if not missed else "missed: " + "; ".join(missed)))
-    (folder / "soak.json").write_text(json.dumps({"rows": soak.rows, "events": soak.events,
+    (folder / "soak.json").write_text(json.dumps({"rows": soak.rows, "events": soak.events, "t0": soak.t0,
                                                   "failures": soak.failures, "goals_missed": missed},
                                                  default=float))
+    if not args.quick:
+        print(table(soak.rows))
     if args.plot:
         plot(soak.rows, soak.events, soak.t0, args.plot)
     if soak.failures:
         raise SystemExit(1)
+
+
+def report(folder: Path, plot_to: Path | None) -> None:
+    """What a finished run recorded in folder/soak.json: its table, its goals, its plot."""
+    recorded = json.loads((folder / "soak.json").read_text())
+    rows = recorded["rows"]
+    print(table(rows))
+    found, missed = goals(rows, warm_min=15)
+    for line in found:
+        print(f"  {line}")
+    print("goals: " + ("met" if not missed else "missed: " + "; ".join(missed)))
+    if plot_to:
+        plot(rows, [tuple(e) for e in recorded["events"]], recorded.get("t0", 0.0), plot_to)
 
 
 def _interrupt(signum: int, frame: object) -> None:
