@@ -390,12 +390,12 @@ class Soak:
               + ("OK" if not self.failures else "FAILED: " + "; ".join(self.failures)), flush=True)
 
 
-def goals(rows: list[dict[str, Any]], warm_min: float) -> tuple[list[str], list[str]]:
+def goals(rows: list[dict[str, Any]], warm_min: float) -> tuple[list[str], list[str] | None]:
     """The long-horizon goals over the rows after `warm_min` minutes (the first retention cycle):
-    (what was found, the goals missed)."""
+    (what was found, the goals missed; None: too short to judge)."""
     steady = [r for r in rows if r["t_min"] >= warm_min]
     if len(steady) < 2:
-        return ["too short to judge the goals"], []
+        return [], None
     found, missed = [], []
     worst = max(((abs(b["sizes_mb"][k] - a["sizes_mb"][k]) / a["sizes_mb"][k], k)
                  for a, b in itertools.pairwise(steady) for k in b["sizes_mb"]
@@ -558,11 +558,9 @@ def main() -> None:
     soak = Soak(folder=folder, schedules=args.schedules, projects=args.projects, retention=args.retention,
                 minutes=args.minutes, sample_s=15 if args.quick else 60, faults=args.faults or args.quick)
     soak.run()
-    found, missed = goals(soak.rows, warm_min=15) if not args.quick else ([], [])
-    for line in found:
-        print(f"  {line}")
-    if not args.quick:  # a smoke test of the harness: its figures judge nothing
-        print("goals: " + ("met" if not missed else "missed: " + "; ".join(missed)))
+    # (--quick is a smoke test of the harness: its figures judge nothing)
+    found, missed = goals(soak.rows, warm_min=15) if not args.quick else ([], None)
+    print_goals(found, missed)
     (folder / "soak.json").write_text(json.dumps({"rows": soak.rows, "events": soak.events, "t0": soak.t0,
                                                   "failures": soak.failures, "goals_missed": missed},
                                                  default=float))
@@ -574,15 +572,21 @@ def main() -> None:
         raise SystemExit(1)
 
 
+def print_goals(found: list[str], missed: list[str] | None) -> None:
+    for line in found:
+        print(f"  {line}")
+    if missed is None:
+        print("goals: not judged (the run is shorter than its first retention cycle)")
+    else:
+        print("goals: " + ("met" if not missed else "missed: " + "; ".join(missed)))
+
+
 def report(folder: Path, plot_to: Path | None) -> None:
     """What a finished run recorded in folder/soak.json: its table, its goals, its plot."""
     recorded = json.loads((folder / "soak.json").read_text())
     rows = recorded["rows"]
     print(table(rows))
-    found, missed = goals(rows, warm_min=15)
-    for line in found:
-        print(f"  {line}")
-    print("goals: " + ("met" if not missed else "missed: " + "; ".join(missed)))
+    print_goals(*goals(rows, warm_min=15))
     if plot_to:
         plot(rows, [tuple(e) for e in recorded["events"]], recorded.get("t0", 0.0), plot_to)
 
