@@ -436,9 +436,12 @@ def table(rows: list[dict[str, Any]], block_min: int = 10) -> str:
         timed = [r for r in block if r["p99_s"] is not None]
         if not timed:
             continue
-        first, last = block[0], block[-1]
-        sizes = last["sizes_mb"]
-        vacuums = "/".join(str(last["tables"][t]["autovacuums"] - first["tables"][t]["autovacuums"])
+        sizes = block[-1]["sizes_mb"]
+        # (counted minute by minute: a crash restart sets the statistics back to zero)
+        vacuums = "/".join(str(sum(b["tables"][t]["autovacuums"] - a["tables"][t]["autovacuums"]
+                                   if b["tables"][t]["autovacuums"] >= a["tables"][t]["autovacuums"]
+                                   else b["tables"][t]["autovacuums"]
+                                   for a, b in itertools.pairwise(block)))
                            for t in TABLES)
         prunes = [p["s"] for r in block for p in r["prunes"]]
         cpu = [r for r in block if "pg_cpu_s" in r]
