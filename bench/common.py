@@ -164,6 +164,16 @@ def cluster_cpu_s(postmaster: int) -> float:
     return process_cpu_s(postmaster, reaped_children=True) + sum(map(process_cpu_s, children(postmaster)))
 
 
+def memory_kb(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (peak RSS) of a process, in kB, from /proc/PID/status."""
+    figures: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            figures[key] = int(value.split()[0])
+    return figures
+
+
 def median_ms(samples_s: list[float]) -> float:
     return statistics.median(samples_s) * 1000
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import psycopg
 from aiohttp import web
 
-from bench.common import record, recreate_database, start_cluster, stop_cluster, wait_until
+from bench.common import memory_kb, record, recreate_database, start_cluster, stop_cluster, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "bench_memory"
@@ -83,16 +83,6 @@ def run_sink() -> None:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-def memory_kb(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM (peak RSS) of a process, in kB, from /proc/PID/status."""
-    figures: dict[str, int] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            figures[key] = int(value.split()[0])
-    return figures
-
 
 def mb(kb: float) -> str:
     return f"{kb / 1024:7.1f} MB"

@@ -54,12 +54,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench.common import ROOT, cluster_cpu_s, process_cpu_s, recreate_database, tenants
+from bench.common import ROOT, cluster_cpu_s, memory_kb, process_cpu_s, recreate_database, tenants
 from chaos.run import Cluster, SinkProcess
 
 DATABASE = "soak"
@@ -505,20 +506,15 @@ def _pct(cpu_s: float | None, rows: list[dict[str, Any]]) -> float | None:
     return 100 * cpu_s / ((rows[1]["t_min"] - rows[0]["t_min"]) * 60)
 
 
-def _ts(epoch: float) -> Any:
-    from datetime import UTC, datetime
-
+def _ts(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, UTC)
 
 
 def _rss_mb(pid: int) -> float:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+        return memory_kb(pid).get("VmRSS", 0) / 1024
+    except OSError:  # it exited since
+        return 0.0
 
 
 def _line(row: dict[str, Any]) -> str:

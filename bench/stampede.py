@@ -49,6 +49,7 @@ from bench.common import (
     PROJECTS,
     cluster_dir,
     cluster_kind,
+    memory_kb,
     record,
     recreate_database,
     start_cluster,
@@ -66,10 +67,7 @@ __all__ = ["measure"]
 
 def peak_rss_mb(pid: int) -> float:
     """The process's peak resident set (VmHWM), in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return memory_kb(pid).get("VmHWM", 0) / 1024
 
 
 def marking_s(db: psycopg.Connection, schedules: int) -> float:
