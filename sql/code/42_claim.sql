@@ -75,8 +75,8 @@ $$;
 -- projects with waiting runs whose instant is over (retries, jittered slots) are read off the
 -- front of runs_not_before_idx first: such runs are claimed as they come due, so the front is
 -- short, while the per-project index of waiting runs holds every run still waiting for its
--- instant, and a walk of it stepped over them one by one (a minute's jittered runs, 2.8 ms a
--- claim). A front longer than `front` (a storm of retries) is walked project by project.
+-- instant, which a walk of it steps over one by one. A front longer than `front` (a storm of
+-- retries) is walked project by project.
 CREATE OR REPLACE FUNCTION dispatch._claimable_between(after text, upto text, n integer)
 RETURNS text[]
 -- PL/pgSQL for its cached plan (a SQL function with a SET clause is planned on every call)
