@@ -849,7 +849,9 @@ def walk_by_hand(sessions: Sessions) -> None:
     and a walk that ends on a paused schedule; then two runs of one project running, its cap
     lowered below them, and claims of its next runs that take none (the DBA holding its row for
     one of them); a claim of one that goes past a project whose due run the DBA's open disable
-    holds; and a walk that ends on a schedule whose due run the cap holds."""
+    holds; and a walk that ends on a schedule whose due run the cap holds. A second walk: a
+    zone gone from tzdata under a claimed run, and the back-off instant recorded skipped; a
+    lease of a run's last attempt that expires."""
     walk = DispatchWalk()
     steps: list[Callable[[], None]] = [
         lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0", "pa"),
@@ -888,6 +890,28 @@ def walk_by_hand(sessions: Sessions) -> None:
         walk.invariants_hold()
     walk.teardown()
 
+    # A zone that vanishes under a claimed run: its completion backs the schedule off; the zone
+    # comes back and, an hour on, the back-off instant is recorded skipped. Meanwhile a lease
+    # of a run with one attempt expires: lost.
+    walk = DispatchWalk()
+    steps = [
+        lambda: walk.admin_adds("* * * * *", "UTC", 1, "skip", "latest", None, "0", "pa"),
+        lambda: walk.admin_adds("* * * * *", "UTC", 1, "skip", "latest", None, "0", "pb"),
+        walk.time_passes,
+        walk.time_passes,
+        lambda: walk.listener_claims(0, 1, False),  # pa's (the claims go round from the first project)
+        lambda: walk.listener_claims(1, 1, True),  # pb's, for a millisecond
+        lambda: walk.tzdata_changes(0, True, True, 0),  # pa's zone
+        lambda: walk.listener_completes(0, 0, "ok"),  # its next slot cannot be computed
+        lambda: walk.tzdata_changes(0, False, False, 1),  # the tick an hour on finds pb's lease over
+        walk.time_passes,
+        walk.time_passes,
+    ]
+    for step in steps:
+        step()
+        walk.invariants_hold()
+    walk.teardown()
+
 
 @pytest.mark.alone  # which outcomes the walk reaches depends on timing (leases of 1 ms)
 def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
@@ -898,8 +922,8 @@ def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
     by_hand = dict(DispatchWalk.seen_outcomes)
     by_hand_reaches = {"busy", "retried", "error: stopped in its back-off", "explain state paused",
                        "cap below running", "claim skips a held project", "claim exact at a cap",
-                       "claim beside held runs",
-                       "explain state capped", "explain open run capped"}
+                       "claim beside held runs", "skipped: cannot compute the n",
+                       "lost: lease of w1 expired ", "explain state capped", "explain open run capped"}
     assert by_hand_reaches <= set(by_hand), by_hand
     DispatchWalk.steps = 0
     machine = DispatchWalkExplainedEveryFewSteps if EXPLAIN_EVERY else DispatchWalk
