@@ -77,6 +77,9 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \set version 21
 \set name 0021_breakers
 \ir apply_migration.psql
+\set version 22
+\set name 0022_bounded_schedules
+\ir apply_migration.psql
 \ir code/10_cron_engine.sql
 \ir code/15_schema_version.sql
 \ir code/20_timezones.sql

@@ -46,7 +46,9 @@ CREATE TYPE dispatch.cron_spec AS (
 	weekdays_star boolean,
 	real_time boolean,
 	every_us bigint,
-	anchor timestamp with time zone
+	anchor timestamp with time zone,
+	starts_at timestamp with time zone,
+	ends_at timestamp with time zone
 );
 
 
@@ -531,24 +533,32 @@ CREATE TABLE dispatch.schedules (
     anchor timestamp with time zone,
     jitter interval DEFAULT '00:00:00'::interval NOT NULL,
     stopped_on timestamp with time zone,
+    run_at timestamp with time zone,
+    starts_at timestamp with time zone,
+    ends_at timestamp with time zone,
+    max_runs integer,
+    ended_at timestamp with time zone,
+    ended_reason text,
     CONSTRAINT schedules_anchor_check CHECK (((anchor IS NULL) = (every IS NULL))),
     CONSTRAINT schedules_args_check CHECK ((jsonb_typeof(args) = 'object'::text)),
     CONSTRAINT schedules_backoff_check CHECK (((backoff_reason IS NULL) OR (next_run_at IS NOT NULL))),
+    CONSTRAINT schedules_bounds_check CHECK (((ends_at >= starts_at) AND ((max_runs >= 1) AND (max_runs <= 10000)) AND ((run_at IS NULL) OR (num_nonnulls(starts_at, ends_at, max_runs) = 0)))),
     CONSTRAINT schedules_catchup_check CHECK (((catchup = ANY (ARRAY['latest'::text, 'all'::text])) AND ((catchup = 'latest'::text) OR (misfire_grace IS NOT NULL)))),
+    CONSTRAINT schedules_ended_check CHECK (((ended_at IS NULL) = (ended_reason IS NULL))),
     CONSTRAINT schedules_every_check CHECK (((every >= '00:00:01'::interval) AND (every <= '366 days'::interval) AND (EXTRACT(month FROM every) = (0)::numeric) AND (EXTRACT(year FROM every) = (0)::numeric))),
     CONSTRAINT schedules_jitter_check CHECK (((jitter >= '00:00:00'::interval) AND (jitter <= '1 day'::interval) AND ((every IS NULL) OR (jitter <= every)))),
     CONSTRAINT schedules_last_status_check CHECK ((last_status = ANY (ARRAY['ok'::text, 'error'::text, 'skipped'::text, 'lost'::text]))),
     CONSTRAINT schedules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 10))),
     CONSTRAINT schedules_misfire_grace_check CHECK ((misfire_grace > '00:00:00'::interval)),
     CONSTRAINT schedules_next_run_at_after_last_slot_check CHECK ((next_run_at > last_slot)),
-    CONSTRAINT schedules_next_run_at_live_check CHECK (((next_run_at IS NOT NULL) = (enabled AND (deleted_at IS NULL) AND (paused_at IS NULL)))),
+    CONSTRAINT schedules_next_run_at_live_check CHECK (((next_run_at IS NOT NULL) = (enabled AND (deleted_at IS NULL) AND (paused_at IS NULL) AND (ended_at IS NULL)))),
     CONSTRAINT schedules_overlap_check CHECK ((overlap = ANY (ARRAY['skip'::text, 'buffer_one'::text, 'allow'::text]))),
     CONSTRAINT schedules_paused_check CHECK (((paused_at IS NOT NULL) OR ((paused_by IS NULL) AND (paused_reason IS NULL)))),
     CONSTRAINT schedules_paused_reason_length_check CHECK ((length(paused_reason) <= 500)),
     CONSTRAINT schedules_project_id_check CHECK ((((length(project_id) >= 1) AND (length(project_id) <= 200)) AND (project_id !~ '[[:space:][:cntrl:]/]'::text) AND (project_id <> ALL (ARRAY['.'::text, '..'::text])))),
     CONSTRAINT schedules_retry_backoff_check CHECK (((retry_backoff > '00:00:00'::interval) AND (retry_backoff <= retry_backoff_max))),
     CONSTRAINT schedules_retry_backoff_max_check CHECK ((retry_backoff_max <= '1 day'::interval)),
-    CONSTRAINT schedules_slot_rule_check CHECK (((cron_expression IS NULL) <> (every IS NULL))),
+    CONSTRAINT schedules_slot_rule_check CHECK ((num_nonnulls(cron_expression, every, run_at) = 1)),
     CONSTRAINT schedules_timeout_check CHECK (((timeout > '00:00:00'::interval) AND (timeout <= '01:00:00'::interval)))
 )
 WITH (fillfactor='60');
@@ -741,6 +751,89 @@ COMMENT ON COLUMN dispatch.schedules.jitter IS 'Each slot fires at scheduled_for
 --
 
 COMMENT ON COLUMN dispatch.schedules.stopped_on IS 'Derived: the slot a paused or disabled schedule was on when it stopped (NULL while live, and after an edit of its rule). The gap recorded when it goes on again starts there.';
+
+
+--
+-- Name: COLUMN schedules.run_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.run_at IS 'A one-shot schedule (instead of cron_expression or every): its one slot is this instant; then it ends.';
+
+
+--
+-- Name: COLUMN schedules.starts_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.starts_at IS 'No slot before this instant (NULL: from the creation). max_runs counts slots from here.';
+
+
+--
+-- Name: COLUMN schedules.ends_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.ends_at IS 'No slot after this instant (NULL: no end); when the last slot is past the schedule ends.';
+
+
+--
+-- Name: COLUMN schedules.max_runs; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.max_runs IS 'At most this many slots, the first ones at or after starts_at (set to the creation time when left NULL), 1 to 10,000; each becomes a run or lies in a recorded gap.';
+
+
+--
+-- Name: COLUMN schedules.ended_at; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.ended_at IS 'When the schedule passed its last slot (run_at, ends_at or max_runs) and ended: it has no next_run_at; an edit that gives it slots again clears this.';
+
+
+--
+-- Name: COLUMN schedules.ended_reason; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.ended_reason IS 'Why the schedule ended: which bound its last slot came from.';
+
+
+--
+-- Name: _check_bounds(dispatch.schedules, dispatch.schedules); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._check_bounds(s dispatch.schedules, was dispatch.schedules) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    problem text;
+    hint text;
+BEGIN
+    IF s.run_at IS NOT NULL AND num_nonnulls(s.starts_at, s.ends_at, s.max_runs) > 0 THEN
+        problem := 'starts_at, ends_at and max_runs bound a repeating schedule, not a one-shot (run_at)';
+        hint := 'A one-shot has one slot, at run_at.';
+    ELSIF NOT isfinite(s.run_at) THEN
+        problem := format('run_at must be an instant, not %s', s.run_at);
+    ELSIF s.run_at < now() AND s.run_at IS DISTINCT FROM was.run_at THEN
+        problem := format('run_at %s is in the past', s.run_at);
+        hint := 'run_at = now() fires it at once.';
+    ELSIF NOT isfinite(s.starts_at) THEN
+        problem := format('starts_at must be an instant, not %s', s.starts_at);
+        hint := 'NULL: from the creation.';
+    ELSIF NOT isfinite(s.ends_at) THEN
+        problem := format('ends_at must be an instant, not %s', s.ends_at);
+        hint := 'NULL: no end.';
+    ELSIF s.ends_at < s.starts_at THEN
+        problem := format('ends_at (%s) must not be before starts_at (%s)', s.ends_at, s.starts_at);
+    ELSIF s.max_runs NOT BETWEEN 1 AND 10000 THEN
+        problem := format('max_runs must be between 1 and 10000, not %s', s.max_runs);
+        hint := 'For more slots than that, bound the schedule with ends_at.';
+    END IF;
+    IF hint IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
+    ELSIF problem IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
+    END IF;
+END
+$$;
 
 
 --
@@ -1171,9 +1264,10 @@ DECLARE
     t timestamptz;
     n timestamptz;
 BEGIN
+    hi := least(hi, spec.ends_at);
     IF spec.every_us IS NOT NULL THEN
         t := dispatch._every_slot(spec, dispatch._every_index(spec, hi));
-        RETURN CASE WHEN t > lo THEN t END;
+        RETURN CASE WHEN t > lo AND t >= coalesce(spec.starts_at, t) THEN t END;
     END IF;
     FOREACH w IN ARRAY windows LOOP
         t := dispatch.cron_spec_next(spec, greatest(lo, hi - w), tz);
@@ -1263,7 +1357,7 @@ DECLARE
 BEGIN
     FOR i IN 1..max_n LOOP
         t := dispatch.cron_spec_next(spec, t, tz);
-        EXIT WHEN t > hi;
+        EXIT WHEN t > hi OR NOT isfinite(t);
         RETURN NEXT t;
     END LOOP;
 END
@@ -1325,7 +1419,7 @@ DECLARE
 BEGIN
     -- cheap guard: the chunk takes all that is due (counting due entries, at most max_runs + 1)
     IF (SELECT count(*) FROM (SELECT 1 FROM dispatch.schedules s WHERE s.next_run_at <= horizon
-                              LIMIT max_runs + 1) c) <= max_runs THEN
+                              LIMIT _due_heads.max_runs + 1) c) <= _due_heads.max_runs THEN
         RETURN NULL;
     END IF;
     -- Each step: the next project's first entry (its earliest next_run_at; a stopped or deleted
@@ -1349,7 +1443,7 @@ BEGIN
             -- it has had its turn.
             AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
                             WHERE x.schedule_id = w.id AND x.scheduled_for = w.next_run_at)
-          LIMIT greatest(max_runs / 2, 1)) d;
+          LIMIT greatest(_due_heads.max_runs / 2, 1)) d;
     IF coalesce(cardinality(projects), 0) < 2 THEN
         RETURN NULL;
     END IF;
@@ -1424,6 +1518,28 @@ $$;
 
 
 --
+-- Name: _end_schedule(dispatch.schedules, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._end_schedule(s dispatch.schedules, actor text) RETURNS dispatch.schedules
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    s.next_run_at := NULL;
+    s.backoff_reason := NULL;
+    s.ended_at := now();
+    s.ended_reason := dispatch._ended_reason(s);
+    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+    VALUES (actor, s.project_id, 'schedule.ended',
+            jsonb_strip_nulls(jsonb_build_object('scheduleId', s.id, 'functionName', s.function_name,
+                                                 'reason', s.ended_reason, 'lastSlot', s.last_slot)));
+    RETURN s;
+END
+$$;
+
+
+--
 -- Name: _end_stale_runs(bigint[], boolean, text); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -1486,6 +1602,22 @@ BEGIN
     PERFORM dispatch._finish_runs(ended);
     RETURN cardinality(ended);
 END
+$$;
+
+
+--
+-- Name: _ended_reason(dispatch.schedules); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._ended_reason(s dispatch.schedules) RETURNS text
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT CASE
+        WHEN s.run_at IS NOT NULL THEN format('a one-shot: its slot (run_at %s) is past', s.run_at)
+        WHEN s.max_runs IS NOT NULL AND (s.cron_spec).ends_at IS DISTINCT FROM s.ends_at
+            THEN format('its %s slots from %s (max_runs, starts_at) are past', s.max_runs, s.starts_at)
+        ELSE format('its slots up to ends_at %s are past', s.ends_at) END
 $$;
 
 
@@ -1988,10 +2120,10 @@ BEGIN
                                 OFFSET 0) o
             WHERE s.next_run_at <= horizon
               AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
-              AND (max_runs IS NULL
+              AND (_mark_due.max_runs IS NULL
                    OR (s.overlap <> 'allow' AND o.open = 0 AND s.backoff_reason IS NULL
                        AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)))
-            LIMIT max_runs - taken  -- NULL: all
+            LIMIT _mark_due.max_runs - taken  -- NULL: all
             FOR NO KEY UPDATE OF s SKIP LOCKED
         )
         SELECT count(*), array_agg(d.tid) FILTER (WHERE d.plain), array_agg(d.id) FILTER (WHERE NOT d.plain)
@@ -2460,7 +2592,8 @@ BEGIN
         JOIN jsonb_each(to_jsonb(OLD)) o USING (key)
         WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled',
                         'deleted_at', 'max_attempts', 'retry_backoff', 'retry_backoff_max', 'timeout',
-                        'misfire_grace', 'catchup', 'overlap', 'every', 'anchor', 'jitter')
+                        'misfire_grace', 'catchup', 'overlap', 'every', 'anchor', 'jitter', 'run_at',
+                        'starts_at', 'ends_at', 'max_runs')
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -2470,6 +2603,7 @@ BEGIN
                 'functionName', NEW.function_name,
                 'cronExpression', NEW.cron_expression,
                 'every', NEW.every,
+                'runAt', NEW.run_at,
                 'timezone', NEW.timezone,
                 'reason', CASE WHEN action = 'schedule.pause' THEN NEW.paused_reason END))
             -- after the stripping: a column set to NULL shows as null
@@ -2520,35 +2654,52 @@ BEGIN
                       HINT = 'Pass a reference (a key, a URL) that the function fetches instead.';
         END IF;
     END IF;
-    -- A schedule's slots come from a cron expression or an interval, exactly one of them.
-    IF (NEW.cron_expression IS NULL) = (NEW.every IS NULL) THEN
+    -- A schedule's slots come from a cron expression, an interval or one instant, exactly one.
+    IF num_nonnulls(NEW.cron_expression, NEW.every, NEW.run_at) <> 1 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'invalid_parameter_value',
-            MESSAGE = CASE WHEN NEW.every IS NULL THEN 'a schedule needs cron_expression or every'
-                           ELSE 'cron_expression and every exclude each other: set one of them' END,
-            HINT = 'cron_expression for wall-clock slots (''*/5 * * * *''), every for slots a fixed time apart (''30 seconds'', from anchor).';
+            MESSAGE = CASE WHEN num_nonnulls(NEW.cron_expression, NEW.every, NEW.run_at) = 0
+                           THEN 'a schedule needs cron_expression, every or run_at'
+                           ELSE concat_ws(' and ', CASE WHEN NEW.cron_expression IS NOT NULL THEN 'cron_expression' END,
+                                          CASE WHEN NEW.every IS NOT NULL THEN 'every' END,
+                                          CASE WHEN NEW.run_at IS NOT NULL THEN 'run_at' END)
+                                || ' exclude each other: set one of them' END,
+            HINT = 'cron_expression for wall-clock slots (''*/5 * * * *''), every for slots a fixed time apart (''30 seconds'', from anchor), run_at for one slot at an instant.';
     END IF;
     -- anchor belongs to an interval: it defaults to the creation time, and goes with every. One
     -- given for a cron expression would be dropped without a word: refused.
     IF NEW.every IS NULL AND NEW.anchor IS NOT NULL
        AND (TG_OP = 'INSERT' OR NEW.anchor IS DISTINCT FROM OLD.anchor) THEN
-        RAISE EXCEPTION 'anchor applies to an interval schedule (every), not to cron_expression %',
-                        quote_literal(NEW.cron_expression)
+        RAISE EXCEPTION 'anchor applies to an interval schedule (every), not to %',
+                        coalesce('cron_expression ' || quote_literal(NEW.cron_expression), 'a one-shot (run_at)')
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'A cron expression''s slots are wall-clock times; leave anchor NULL.';
+                  HINT = 'A cron expression''s slots are wall-clock times, a one-shot''s is run_at; leave anchor NULL.';
     END IF;
     NEW.anchor := CASE WHEN NEW.every IS NOT NULL THEN coalesce(NEW.anchor, NEW.created_at, now()) END;
-    -- cron_spec is derived: whatever a statement wrote there, it is the parsed expression (or
-    -- interval). An unchanged expression and zone are not validated again, so that a schedule
-    -- whose zone was dropped from the tz database can still be edited, disabled or deleted.
-    IF TG_OP = 'INSERT' OR NEW.cron_expression IS DISTINCT FROM OLD.cron_expression
-       OR NEW.every IS DISTINCT FROM OLD.every OR NEW.anchor IS DISTINCT FROM OLD.anchor
-       OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec THEN
-        NEW.cron_spec := CASE WHEN NEW.every IS NOT NULL THEN dispatch.every_spec(NEW.every, NEW.anchor)
-                              ELSE dispatch.cron_parse(NEW.cron_expression) END;
+    PERFORM dispatch._check_bounds(NEW, OLD);  -- (OLD: NULL on INSERT)
+    IF NEW.max_runs IS NOT NULL AND NEW.starts_at IS NULL THEN
+        -- max_runs counts from the write that set it (its statement's clock, from which the
+        -- first slot is computed too: no slot is counted that could not run)
+        NEW.starts_at := clock_timestamp();
     END IF;
     IF TG_OP = 'INSERT' OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
         PERFORM dispatch.check_timezone(NEW.timezone);
+    END IF;
+    -- cron_spec is derived: whatever a statement wrote there, it is the parsed expression (or
+    -- interval, or instant) within its bounds. An unchanged rule and zone are not validated
+    -- again, so that a schedule whose zone was dropped from the tz database can still be edited,
+    -- disabled or deleted.
+    IF TG_OP = 'INSERT' OR NEW.cron_expression IS DISTINCT FROM OLD.cron_expression
+       OR NEW.every IS DISTINCT FROM OLD.every OR NEW.anchor IS DISTINCT FROM OLD.anchor
+       OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec OR NEW.run_at IS DISTINCT FROM OLD.run_at
+       OR NEW.starts_at IS DISTINCT FROM OLD.starts_at OR NEW.ends_at IS DISTINCT FROM OLD.ends_at
+       OR NEW.max_runs IS DISTINCT FROM OLD.max_runs
+       OR (NEW.max_runs IS NOT NULL AND NEW.timezone IS DISTINCT FROM OLD.timezone) THEN
+        NEW.cron_spec := CASE
+            WHEN NEW.run_at IS NOT NULL THEN dispatch.once_spec(NEW.run_at)
+            ELSE dispatch.bounded_spec(CASE WHEN NEW.every IS NOT NULL THEN dispatch.every_spec(NEW.every, NEW.anchor)
+                                            ELSE dispatch.cron_parse(NEW.cron_expression) END,
+                                       NEW.starts_at, NEW.ends_at, NEW.max_runs, NEW.timezone) END;
     END IF;
     PERFORM dispatch._check_policies(NEW);
     -- One jitter rule for both kinds of slots: a slot never fires after the next one is due.
@@ -2580,9 +2731,26 @@ BEGIN
         -- The statement's clock, not the transaction's: a transaction that began before a slot
         -- ran must not put the schedule back onto it. And never on or before the last slot
         -- that finished, whatever the clock says (a slot marked ahead of time by tick(horizon)).
-        NEW.next_run_at := dispatch.cron_spec_next(NEW.cron_spec, greatest(clock_timestamp(), NEW.last_slot),
-                                                   dispatch.check_timezone(NEW.timezone));
+        -- (A one-shot given its instant here may have it between the transaction's start and
+        -- the statement's clock.)
+        NEW.next_run_at := dispatch.cron_spec_next(
+            NEW.cron_spec,
+            greatest(CASE WHEN NEW.run_at IS NOT NULL AND (TG_OP = 'INSERT' OR NEW.run_at IS DISTINCT FROM OLD.run_at)
+                          THEN least(clock_timestamp(), NEW.run_at - interval '1 microsecond')
+                          ELSE clock_timestamp() END,
+                     NEW.last_slot),
+            dispatch.check_timezone(NEW.timezone));
         NEW.backoff_reason := NULL;
+        NEW.ended_at := NULL;
+        NEW.ended_reason := NULL;
+    END IF;
+    IF NEW.next_run_at = 'infinity' THEN
+        IF TG_OP = 'INSERT' THEN
+            RAISE EXCEPTION 'the schedule has no slot after now: %', dispatch._ended_reason(NEW)
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Give run_at, ends_at or max_runs (from starts_at) that leave it a slot to come.';
+        END IF;
+        NEW := dispatch._end_schedule(NEW, session_user);
     END IF;
     IF TG_OP = 'UPDATE' THEN
         NEW.updated_at := now();
@@ -2608,6 +2776,20 @@ BEGIN
         ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.schedule_id = NEW.id AND r.status = 'pending'),
         wait => true, stopped => dispatch._stopped_as(OLD));
     RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: _schedule_ended(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._schedule_ended() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN dispatch._end_schedule(NEW, NULL);
 END
 $$;
 
@@ -2660,13 +2842,13 @@ CREATE FUNCTION dispatch._schedule_record_stop_gap() RETURNS trigger
     AS $$
 BEGIN
     -- from the slot it stood on when it stopped (those it has a run for excluded: a pending run
-    -- ended skipped at the stop), up to the slot it goes on from
+    -- ended skipped at the stop), up to the slot it goes on from (or its last, if it ended)
     PERFORM dispatch._record_gaps(
         ARRAY[NEW.id],
         ARRAY[greatest(OLD.stopped_on - interval '1 microsecond',
                        (SELECT max(r.scheduled_for) FROM dispatch.runs r
                         WHERE r.schedule_id = NEW.id AND r.kind = 'scheduled'))],
-        ARRAY[NEW.next_run_at],
+        ARRAY[coalesce(NEW.next_run_at, 'infinity')],
         CASE WHEN OLD.paused_at IS NOT NULL THEN 'pause' ELSE 'disabled' END);
     RETURN NULL;
 END
@@ -3206,6 +3388,50 @@ $$;
 --
 
 COMMENT ON FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone) IS 'Mark each slot of the schedule in [from_ts, to_ts) that has no run yet as a run of kind backfill (at most 10,000 a call, a NOTICE says where to go on), before the schedule''s next slot and now; returns how many. They are dispatched one at a time, oldest first, whenever nothing else of the schedule is open: its own slots go first and wait for one backfill run at most. Refused: 22023 when from_ts or to_ts is not a finite instant or from_ts is not before to_ts, 55000 for a deleted, paused or disabled schedule, P0002 for an unknown id. Audited as schedule.backfill with the actor (session_user).';
+
+
+--
+-- Name: bounded_spec(dispatch.cron_spec, timestamp with time zone, timestamp with time zone, integer, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.bounded_spec(spec dispatch.cron_spec, starts_at timestamp with time zone, ends_at timestamp with time zone, max_runs integer, tz text DEFAULT 'UTC'::text) RETURNS dispatch.cron_spec
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    last_slot timestamptz;
+BEGIN
+    IF max_runs IS NOT NULL AND (max_runs NOT BETWEEN 1 AND 10000 OR starts_at IS NULL) THEN
+        RAISE EXCEPTION 'max_runs must be between 1 and 10000 and count from starts_at, not %', max_runs
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'For more slots than that, bound the schedule with ends_at.';
+    END IF;
+    spec.starts_at := starts_at;
+    spec.ends_at := ends_at;
+    IF max_runs IS NOT NULL THEN
+        last_slot := dispatch.cron_spec_next(spec, starts_at - interval '1 microsecond', tz);
+        IF spec.every_us IS NOT NULL AND isfinite(last_slot) THEN
+            last_slot := last_slot + ((max_runs - 1) * spec.every_us) * interval '1 microsecond';
+        ELSE
+            FOR i IN 2..max_runs LOOP
+                EXIT WHEN NOT isfinite(last_slot);
+                last_slot := dispatch.cron_spec_next(spec, last_slot, tz);
+            END LOOP;
+        END IF;
+        IF isfinite(last_slot) THEN
+            spec.ends_at := least(ends_at, last_slot);
+        END IF;
+    END IF;
+    RETURN spec;
+END
+$$;
+
+
+--
+-- Name: FUNCTION bounded_spec(spec dispatch.cron_spec, starts_at timestamp with time zone, ends_at timestamp with time zone, max_runs integer, tz text); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.bounded_spec(spec dispatch.cron_spec, starts_at timestamp with time zone, ends_at timestamp with time zone, max_runs integer, tz text) IS 'The slot rule spec kept within bounds: no slot before starts_at, none after ends_at, and at most its first max_runs slots at or after starts_at (1 to 10,000; max_runs needs starts_at). dispatch.cron_spec_next then answers ''infinity'' past the last slot. Raises 22023 for a max_runs out of range.';
 
 
 --
@@ -4107,10 +4333,17 @@ DECLARE
     k   timestamptz;
     ahead double precision;
 BEGIN
-    IF spec.every_us IS NOT NULL THEN
-        RETURN dispatch._every_slot(spec, dispatch._every_index(spec, after) + 1);
+    -- A bounded rule: 'infinity' past its last slot (the schedule then ends), and no slot
+    -- before its start (a slot on starts_at itself counts).
+    IF spec.ends_at IS NOT NULL AND after >= spec.ends_at THEN
+        RETURN 'infinity';
     END IF;
-    IF spec.real_time THEN
+    IF spec.starts_at IS NOT NULL AND after < spec.starts_at THEN
+        after := spec.starts_at - interval '1 microsecond';
+    END IF;
+    IF spec.every_us IS NOT NULL THEN
+        c := dispatch._every_slot(spec, dispatch._every_index(spec, after) + 1);
+    ELSIF spec.real_time THEN
         -- Follows real time: walk instants; a wall-clock time skipped by DST never happens, a
         -- repeated one happens twice. Between offset changes, wall = instant + constant offset.
         i := to_timestamp((floor(extract(epoch FROM after) / 60) + 1) * 60);
@@ -4121,7 +4354,8 @@ BEGIN
             IF ahead <= 14 * 86400 THEN
                 j := to_timestamp(extract(epoch FROM i) + ahead);
                 IF (j AT TIME ZONE tz) = m THEN
-                    RETURN j;  -- same offset at both ends: no change in between
+                    c := j;  -- same offset at both ends: no change in between
+                    EXIT;
                 END IF;
                 i := dispatch._tz_transition(i, j, tz);
             ELSE
@@ -4133,28 +4367,27 @@ BEGIN
                 END IF;
             END IF;
         END LOOP;
-    END IF;
-
-    -- Fixed time (Debian cron): once per matching wall-clock time; a time skipped by a
-    -- spring-forward fires at the jump, a time repeated by a fall-back at its first occurrence.
-    w := date_trunc('minute', after AT TIME ZONE tz) + interval '1 minute';
-    LOOP
-        m := dispatch._cron_match_from(spec, w);
-        c := m AT TIME ZONE tz;  -- PostgreSQL reads a skipped or repeated time with the standard offset
-        IF (c AT TIME ZONE tz) <> m THEN
-            c := dispatch._tz_transition(c - interval '24 hours', c + interval '24 hours', tz);
-        ELSE
-            k := c - interval '24 hours';
-            k := (m - ((k AT TIME ZONE tz) - (k AT TIME ZONE 'UTC'))) AT TIME ZONE 'UTC';
-            IF k < c AND (k AT TIME ZONE tz) = m THEN
-                c := k;  -- the earlier of two occurrences
+    ELSE
+        -- Fixed time (Debian cron): once per matching wall-clock time; a time skipped by a
+        -- spring-forward fires at the jump, a time repeated by a fall-back at its first occurrence.
+        w := date_trunc('minute', after AT TIME ZONE tz) + interval '1 minute';
+        LOOP
+            m := dispatch._cron_match_from(spec, w);
+            c := m AT TIME ZONE tz;  -- PostgreSQL reads a skipped or repeated time with the standard offset
+            IF (c AT TIME ZONE tz) <> m THEN
+                c := dispatch._tz_transition(c - interval '24 hours', c + interval '24 hours', tz);
+            ELSE
+                k := c - interval '24 hours';
+                k := (m - ((k AT TIME ZONE tz) - (k AT TIME ZONE 'UTC'))) AT TIME ZONE 'UTC';
+                IF k < c AND (k AT TIME ZONE tz) = m THEN
+                    c := k;  -- the earlier of two occurrences
+                END IF;
             END IF;
-        END IF;
-        IF c > after THEN
-            RETURN c;
-        END IF;
-        w := m + interval '1 minute';
-    END LOOP;
+            EXIT WHEN c > after;
+            w := m + interval '1 minute';
+        END LOOP;
+    END IF;
+    RETURN CASE WHEN c > spec.ends_at THEN 'infinity' ELSE c END;
 END
 $$;
 
@@ -4163,7 +4396,7 @@ $$;
 -- Name: FUNCTION cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) IS 'dispatch.cron_next for an already parsed expression: the earliest minute-aligned instant strictly after "after" that the spec matches in time zone tz. For an interval spec (dispatch.every_spec), the first anchor + k * every after "after"; tz does not apply.';
+COMMENT ON FUNCTION dispatch.cron_spec_next(spec dispatch.cron_spec, after timestamp with time zone, tz text) IS 'dispatch.cron_next for an already parsed expression: the earliest minute-aligned instant strictly after "after" that the spec matches in time zone tz. For an interval spec (dispatch.every_spec), the first anchor + k * every after "after"; tz does not apply. A bounded spec (dispatch.bounded_spec) gives no slot before its start and ''infinity'' past its last slot.';
 
 
 --
@@ -4380,6 +4613,12 @@ BEGIN
                     THEN '; overlap skip: slots that come due meanwhile do not run (a gap, overlap)'
                     ELSE '; overlap buffer_one: the first slot that comes due meanwhile waits behind it, later ones do not run'
                END;
+    ELSIF s.ended_at IS NOT NULL THEN
+        item := 'ended';
+        at := s.ended_at;
+        detail := format('ended at %s: %s; nothing fires again unless an edit of its rule or bounds leaves it a slot to come; its runs and audit rows are kept',
+                         dispatch._instant(s.ended_at), s.ended_reason)
+            || CASE WHEN head.id IS NOT NULL THEN format('; run %s is still open', head.id) ELSE '' END;
     ELSIF s.next_run_at <= now() AND slot_run.id IS NOT NULL AND slot_run.status NOT IN ('pending', 'running') THEN
         item := 'settling';
         at := s.next_run_at;
@@ -4516,6 +4755,16 @@ BEGIN
             slot := first_next;
             FOR k IN 1..3 LOOP
                 section := 'next';
+                IF slot IS NULL OR NOT isfinite(slot) THEN
+                    -- a bounded rule past its last slot
+                    item := 'end';
+                    at := NULL;
+                    run_id := NULL;
+                    detail := CASE WHEN k = 1 THEN 'no slot to come: ' ELSE 'no slot after these: ' END
+                              || dispatch._ended_reason(s) || next_note;
+                    RETURN NEXT;
+                    EXIT;
+                END IF;
                 item := 'slot';
                 at := slot;
                 run_id := NULL;
@@ -4625,7 +4874,7 @@ $$;
 -- Name: FUNCTION explain(schedule_id uuid, since timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone) IS 'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, breaker (held by its function''s open circuit breaker), capped (due, but its project''s max_concurrency leaves the next claim no room for it, or an open transaction holds the project''s row), buffered, backed_off, paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots, each with the instant its jitter fires it at), run (the last five finished runs, the latest slot first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';
+COMMENT ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone) IS 'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, breaker (held by its function''s open circuit breaker), capped (due, but its project''s max_concurrency leaves the next claim no room for it, or an open transaction holds the project''s row), buffered, backed_off, ended (a one-shot or bounded schedule past its last slot, and why), paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots, each with the instant its jitter fires it at; an end row where a bounded rule has no more), run (the last five finished runs, the latest slot first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';
 
 
 --
@@ -4756,6 +5005,23 @@ $$;
 --
 
 COMMENT ON FUNCTION dispatch.next_start_after(after timestamp with time zone) IS 'The earliest instant after "after" at which a pending run that waits may start (not_before: a jittered slot''s fire_at, a retry''s back-off): when to claim next. Backfill runs waiting their turn (not_before infinity) are left out.';
+
+
+--
+-- Name: once_spec(timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.once_spec(run_at timestamp with time zone) RETURNS dispatch.cron_spec
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$ SELECT dispatch.bounded_spec(dispatch.every_spec(interval '366 days', run_at), run_at, run_at, NULL) $$;
+
+
+--
+-- Name: FUNCTION once_spec(run_at timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.once_spec(run_at timestamp with time zone) IS 'The slot rule of a one-shot schedule: its one slot is run_at.';
 
 
 --
@@ -5444,7 +5710,7 @@ CREATE VIEW dispatch.schedule_status AS
     s.function_name,
     s.cron_expression,
     s.timezone,
-    (s.enabled AND (s.deleted_at IS NULL) AND (s.paused_at IS NULL)) AS live,
+    (s.enabled AND (s.deleted_at IS NULL) AND (s.paused_at IS NULL) AND (s.ended_at IS NULL)) AS live,
     s.next_run_at,
     s.last_run_at,
     s.last_status,
@@ -5472,7 +5738,13 @@ CREATE VIEW dispatch.schedule_status AS
     s.every,
     s.anchor,
     s.jitter,
-    (s.next_run_at + dispatch.jitter_offset(s.id, s.next_run_at, s.jitter)) AS next_fire_at
+    (s.next_run_at + dispatch.jitter_offset(s.id, s.next_run_at, s.jitter)) AS next_fire_at,
+    s.run_at,
+    s.starts_at,
+    s.ends_at,
+    s.max_runs,
+    s.ended_at,
+    s.ended_reason
    FROM ((dispatch.schedules s
      LEFT JOIN LATERAL ( SELECT count(*) AS runs,
             (array_agg(r.status ORDER BY r.scheduled_for, r.id))[1] AS status,
@@ -5493,7 +5765,7 @@ CREATE VIEW dispatch.schedule_status AS
 -- Name: VIEW schedule_status; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON VIEW dispatch.schedule_status IS 'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), its run policies, its interval (every, anchor) when it has no cron_expression, its jitter, and the instant its next slot fires at (next_fire_at: next_run_at plus the jitter offset).';
+COMMENT ON VIEW dispatch.schedule_status IS 'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), its run policies, its interval (every, anchor) when it has no cron_expression, its jitter, the instant its next slot fires at (next_fire_at: next_run_at plus the jitter offset), its bounds (run_at for a one-shot; starts_at, ends_at, max_runs), and when and why it ended (ended_at, ended_reason: its last slot is past; live is then false).';
 
 
 --
@@ -5801,7 +6073,14 @@ CREATE TRIGGER _100_validate_insert BEFORE INSERT ON dispatch.schedules FOR EACH
 -- Name: schedules _100_validate_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
+CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
+
+
+--
+-- Name: schedules _150_ended; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _150_ended BEFORE UPDATE OF next_run_at ON dispatch.schedules FOR EACH ROW WHEN ((new.next_run_at = 'infinity'::timestamp with time zone)) EXECUTE FUNCTION dispatch._schedule_ended();
 
 
 --
@@ -5829,7 +6108,7 @@ CREATE TRIGGER _210_unbuffer AFTER UPDATE OF overlap ON dispatch.schedules FOR E
 -- Name: schedules _220_record_stop_gap; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _220_record_stop_gap AFTER UPDATE OF enabled, paused_at ON dispatch.schedules FOR EACH ROW WHEN (((old.next_run_at IS NULL) AND (new.next_run_at IS NOT NULL) AND (old.stopped_on IS NOT NULL) AND (NOT (old.cron_spec IS DISTINCT FROM new.cron_spec)) AND (old.timezone = new.timezone))) EXECUTE FUNCTION dispatch._schedule_record_stop_gap();
+CREATE TRIGGER _220_record_stop_gap AFTER UPDATE OF enabled, paused_at ON dispatch.schedules FOR EACH ROW WHEN (((old.next_run_at IS NULL) AND ((new.next_run_at IS NOT NULL) OR (new.ended_at IS NOT NULL)) AND (old.stopped_on IS NOT NULL) AND (NOT (old.cron_spec IS DISTINCT FROM new.cron_spec)) AND (old.timezone = new.timezone))) EXECUTE FUNCTION dispatch._schedule_record_stop_gap();
 
 
 --
@@ -5850,14 +6129,14 @@ CREATE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules FOR EACH ROW
 -- Name: schedules _800_audit_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts) OR (old.retry_backoff IS DISTINCT FROM new.retry_backoff) OR (old.retry_backoff_max IS DISTINCT FROM new.retry_backoff_max) OR (old.timeout IS DISTINCT FROM new.timeout) OR (old.misfire_grace IS DISTINCT FROM new.misfire_grace) OR (old.catchup IS DISTINCT FROM new.catchup) OR (old.overlap IS DISTINCT FROM new.overlap) OR (old.every IS DISTINCT FROM new.every) OR (old.anchor IS DISTINCT FROM new.anchor) OR (old.jitter IS DISTINCT FROM new.jitter))) EXECUTE FUNCTION dispatch._schedule_audit();
+CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts) OR (old.retry_backoff IS DISTINCT FROM new.retry_backoff) OR (old.retry_backoff_max IS DISTINCT FROM new.retry_backoff_max) OR (old.timeout IS DISTINCT FROM new.timeout) OR (old.misfire_grace IS DISTINCT FROM new.misfire_grace) OR (old.catchup IS DISTINCT FROM new.catchup) OR (old.overlap IS DISTINCT FROM new.overlap) OR (old.every IS DISTINCT FROM new.every) OR (old.anchor IS DISTINCT FROM new.anchor) OR (old.jitter IS DISTINCT FROM new.jitter) OR (old.run_at IS DISTINCT FROM new.run_at) OR (old.starts_at IS DISTINCT FROM new.starts_at) OR (old.ends_at IS DISTINCT FROM new.ends_at) OR (old.max_runs IS DISTINCT FROM new.max_runs))) EXECUTE FUNCTION dispatch._schedule_audit();
 
 
 --
 -- Name: schedules _900_notify; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _900_notify AFTER INSERT OR UPDATE OF enabled, deleted_at, paused_at, cron_expression, timezone, every, anchor ON dispatch.schedules FOR EACH STATEMENT EXECUTE FUNCTION dispatch._schedule_notify();
+CREATE TRIGGER _900_notify AFTER INSERT OR UPDATE OF enabled, deleted_at, paused_at, cron_expression, timezone, every, anchor, run_at, starts_at, ends_at, max_runs ON dispatch.schedules FOR EACH STATEMENT EXECUTE FUNCTION dispatch._schedule_notify();
 
 
 --
@@ -6040,6 +6319,44 @@ GRANT INSERT(jitter),UPDATE(jitter) ON TABLE dispatch.schedules TO dispatch_admi
 
 
 --
+-- Name: COLUMN schedules.run_at; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(run_at),UPDATE(run_at) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.starts_at; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(starts_at),UPDATE(starts_at) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.ends_at; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(ends_at),UPDATE(ends_at) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: COLUMN schedules.max_runs; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(max_runs),UPDATE(max_runs) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _check_bounds(s dispatch.schedules, was dispatch.schedules); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._check_bounds(s dispatch.schedules, was dispatch.schedules) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._check_bounds(s dispatch.schedules, was dispatch.schedules) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._check_bounds(s dispatch.schedules, was dispatch.schedules) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._check_bounds(s dispatch.schedules, was dispatch.schedules) TO dispatch_admin;
+
+
+--
 -- Name: FUNCTION _check_policies(s dispatch.schedules); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -6160,10 +6477,28 @@ REVOKE ALL ON FUNCTION dispatch._end_late_retries(run_ids bigint[]) FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION _end_schedule(s dispatch.schedules, actor text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._end_schedule(s dispatch.schedules, actor text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._end_schedule(s dispatch.schedules, actor text) TO dispatch_admin;
+
+
+--
 -- Name: FUNCTION _end_stale_runs(run_ids bigint[], wait boolean, stopped text); Type: ACL; Schema: dispatch; Owner: -
 --
 
 REVOKE ALL ON FUNCTION dispatch._end_stale_runs(run_ids bigint[], wait boolean, stopped text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _ended_reason(s dispatch.schedules); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._ended_reason(s dispatch.schedules) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._ended_reason(s dispatch.schedules) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._ended_reason(s dispatch.schedules) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._ended_reason(s dispatch.schedules) TO dispatch_admin;
 
 
 --
@@ -6395,6 +6730,13 @@ REVOKE ALL ON FUNCTION dispatch._schedule_end_pending() FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION _schedule_ended(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._schedule_ended() FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _schedule_move_runs(); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -6535,6 +6877,16 @@ REVOKE ALL ON FUNCTION dispatch._waits_its_turn(r dispatch.runs) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION bounded_spec(spec dispatch.cron_spec, starts_at timestamp with time zone, ends_at timestamp with time zone, max_runs integer, tz text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.bounded_spec(spec dispatch.cron_spec, starts_at timestamp with time zone, ends_at timestamp with time zone, max_runs integer, tz text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.bounded_spec(spec dispatch.cron_spec, starts_at timestamp with time zone, ends_at timestamp with time zone, max_runs integer, tz text) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.bounded_spec(spec dispatch.cron_spec, starts_at timestamp with time zone, ends_at timestamp with time zone, max_runs integer, tz text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch.bounded_spec(spec dispatch.cron_spec, starts_at timestamp with time zone, ends_at timestamp with time zone, max_runs integer, tz text) TO dispatch_admin;
 
 
 --
@@ -6700,6 +7052,16 @@ GRANT ALL ON FUNCTION dispatch.next_slot_after(covered timestamp with time zone)
 REVOKE ALL ON FUNCTION dispatch.next_start_after(after timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.next_start_after(after timestamp with time zone) TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch.next_start_after(after timestamp with time zone) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION once_spec(run_at timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.once_spec(run_at timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.once_spec(run_at timestamp with time zone) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.once_spec(run_at timestamp with time zone) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch.once_spec(run_at timestamp with time zone) TO dispatch_admin;
 
 
 --

@@ -855,3 +855,72 @@ def test_croniter_with_time_zones_is_not_debian_cron() -> None:
     # '30 1 * * *' after the first 01:30 of 2024-11-03: the next is 01:30 on 2024-11-04; croniter says 02:30.
     got = croniter("30 1 * * *", datetime(2024, 11, 3, 1, 30, tzinfo=ny)).get_next(datetime)
     assert got.replace(tzinfo=None) == datetime(2024, 11, 4, 2, 30)
+
+
+# --------------------------------------------------------------------------------------------
+# Bounded rules (starts_at, ends_at, max_runs): the oracle's slots, kept within the bounds.
+# --------------------------------------------------------------------------------------------
+BOUNDED_SLOTS = """
+CREATE OR REPLACE FUNCTION pg_temp.bounded_slots(
+    e text, z text, s timestamptz, en timestamptz, m integer, a timestamptz, OUT slots timestamptz[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    spec dispatch.cron_spec := dispatch.bounded_spec(dispatch.cron_parse(e), s, en, m, z);
+    t timestamptz := a;
+BEGIN
+    slots := '{}';
+    FOR i IN 1..6 LOOP
+        t := dispatch.cron_spec_next(spec, t, z);
+        EXIT WHEN NOT isfinite(t);
+        slots := slots || t;
+    END LOOP;
+END
+$$
+"""
+BoundedCase = tuple[str, str, datetime, datetime | None, int | None, timedelta]
+
+
+def _bounded_case(expr: str, zone: str, start_s: int, minutes: int | None, max_runs: int | None,
+                  before_s: int) -> BoundedCase:
+    start = datetime.fromtimestamp(start_s, UTC)
+    end = None if minutes is None else start + timedelta(minutes=minutes)
+    if end is None and max_runs is None:
+        max_runs = 3  # one bound at least
+    return expr, zone, start, end, max_runs, timedelta(seconds=before_s)
+
+
+def bounded_cases() -> st.SearchStrategy[BoundedCase]:
+    minutes = st.none() | st.integers(0, 400 * 24 * 60)
+    max_runs = st.none() | st.integers(1, 5)
+    return st.builds(_bounded_case, expressions(dst_bias=True), st.sampled_from(DST_ZONES),
+                     st.integers(EPOCH_MIN, EPOCH_MAX), minutes, max_runs, st.integers(1, 3 * 24 * 60 * 60))
+
+
+@BATCH_SETTINGS
+@given(batch=st.lists(bounded_cases(), min_size=10, max_size=20))
+def test_bounded_rules_keep_the_oracles_slots_within_their_bounds(
+    db: psycopg.Connection, batch: list[BoundedCase]
+) -> None:
+    """From an instant before starts_at: the first slots at or after it, none after ends_at, at
+    most max_runs of them ('infinity' then), each as the oracle has it, DST included."""
+    db.execute(BOUNDED_SLOTS)
+    failures = []
+    for expr, zone, start, end, max_runs, before in batch:
+        if not ref_can_fire(ref_parse(expr)):
+            continue  # refused by cron_parse, as test_cron_next_agrees_with_oracle shows
+        got = db.execute("SELECT pg_temp.bounded_slots(%s, %s, %s, %s, %s, %s)",
+                         (expr, zone, start, end, max_runs, start - before)).fetchone()[0]  # type: ignore[index]
+        expected: list[datetime] = []
+        t = start - timedelta(microseconds=1)
+        while len(expected) < min(max_runs or 6, 6):
+            slot = expected_next(expr, t, zone).value
+            assert slot is not None
+            if end is not None and slot > end:
+                break
+            expected.append(slot)
+            t = slot
+        if got != expected:
+            failures.append(f"{expr!r} in {zone} from {start.isoformat()} to {end and end.isoformat()},"
+                            f" max_runs {max_runs}: expected {[x.isoformat() for x in expected]},"
+                            f" got {[x.astimezone(UTC).isoformat() for x in got]}")
+    assert not failures, "\n".join(failures)

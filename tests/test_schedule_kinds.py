@@ -76,7 +76,7 @@ def test_the_anchor_defaults_to_the_creation_time_and_goes_with_every(db: psycop
     [
         ({"cron_expression": "* * * * *", "every": "1 minute"},
          "cron_expression and every exclude each other: set one of them"),
-        ({}, "a schedule needs cron_expression or every"),
+        ({}, "a schedule needs cron_expression, every or run_at"),
         ({"every": "0 seconds"}, "every must be at least 1 second and at most 366 days, not 00:00:00"),
         ({"every": "999 milliseconds"}, "every must be at least 1 second"),
         ({"every": "1 mon"}, r"every must be a fixed length \(seconds, minutes, hours, days\), not 1 mon"),

@@ -41,14 +41,22 @@ from psycopg import errors
 
 from tests.explain_check import explain_agrees
 
-# The slot rules: cron expressions, and intervals (every) from the creation time.
+# The slot rules: cron expressions, intervals (every) from the creation time, one-shots (on a
+# minute: invariant 6 takes any other instant for a back-off's), and bounded rules.
 EXPRESSIONS = ["* * * * *", "*/2 * * * *", "*/5 * * * *", "0 * * * *", "30 9 * * *", "every 90 seconds",
-               "every 7 minutes"]
+               "every 7 minutes", "once in 3 minutes", "*/2 * * * * for 4 slots",
+               "every 90 seconds for 1 hour"]
 
 
-def slot_rule(expr: str) -> tuple[str | None, str | None]:
-    """(cron_expression, every) for an entry of EXPRESSIONS."""
-    return (None, expr.removeprefix("every ")) if expr.startswith("every ") else (expr, None)
+def slot_rule(expr: str) -> tuple[str | None, str | None, str | None, str | None, int | None]:
+    """(cron_expression, every, run_at and ends_at as intervals from now, max_runs) for an
+    entry of EXPRESSIONS."""
+    if expr.startswith("once in "):
+        return None, None, expr.removeprefix("once in "), None, None
+    rule, _, bound = expr.partition(" for ")
+    every = rule.removeprefix("every ") if rule.startswith("every ") else None
+    slots = int(bound.removesuffix(" slots")) if bound.endswith(" slots") else None
+    return (None if every else rule), every, None, (bound if bound and slots is None else None), slots
 ZONES = ["UTC", "Europe/Berlin", "Asia/Kolkata"]
 # The tenants. A project has a dispatch.projects row or none (no cap, weight 1); caps of one or
 # two, so that a project's few schedules meet them.
@@ -415,9 +423,11 @@ class DispatchWalk(RuleBasedStateMachine):
         # Back-offs of milliseconds: retries come due by the real clock within a few steps.
         self.schedules.append(str(one(
             self.sessions.admin,
-            "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, every, timezone,"
-            " max_attempts, overlap, catchup, misfire_grace, retry_backoff, retry_backoff_max, jitter)"
-            " VALUES (%s, 'fn', %s, %s, %s, %s, %s, %s, %s, '5 milliseconds', '40 milliseconds', %s)"
+            "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, every, run_at,"
+            " ends_at, max_runs, timezone, max_attempts, overlap, catchup, misfire_grace, retry_backoff,"
+            " retry_backoff_max, jitter) VALUES (%s, 'fn', %s, %s,"
+            " date_trunc('minute', now()) + %s::interval, now() + %s::interval, %s, %s, %s, %s, %s, %s,"
+            " '5 milliseconds', '40 milliseconds', %s)"
             " RETURNING id",
             (project, *slot_rule(expr), zone, attempts, overlap, catchup if grace else "latest", grace,
              jitter))))
@@ -497,7 +507,10 @@ class DispatchWalk(RuleBasedStateMachine):
             return  # the DBA's open transaction holds it: the administrator would wait on the DBA
         update = "UPDATE dispatch.schedules SET {} WHERE id = %s"
         statement, params = {
-            "cron": (update.format("cron_expression = %s, every = %s"), (*slot_rule(expr), sid)),
+            "cron": (update.format("cron_expression = %s, every = %s,"
+                                   " run_at = date_trunc('minute', now()) + %s::interval,"
+                                   " ends_at = now() + %s::interval, max_runs = %s, starts_at = NULL"),
+                     (*slot_rule(expr), sid)),
             "args": (update.format("args = jsonb_build_object('n', random())"), (sid,)),
             "attempts": (update.format("max_attempts = 1 + (max_attempts %% 3)"), (sid,)),
             "disable": (update.format("enabled = false"), (sid,)),
@@ -665,7 +678,8 @@ class DispatchWalk(RuleBasedStateMachine):
         # 2. live <=> a next slot, always later than every finished slot
         assert clock.execute("""
             SELECT s.id FROM dispatch.schedules s
-            WHERE (s.next_run_at IS NOT NULL) <> (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL)
+            WHERE (s.next_run_at IS NOT NULL)
+                  <> (s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL AND s.ended_at IS NULL)
                OR EXISTS (SELECT 1 FROM dispatch.runs r
                           WHERE r.schedule_id = s.id AND r.kind = 'scheduled'
                             AND r.status IN ('ok', 'error', 'skipped', 'lost')
@@ -730,7 +744,7 @@ class DispatchWalk(RuleBasedStateMachine):
                               WHERE mod(extract(epoch FROM r.scheduled_for - s.created_at),
                                         extract(epoch FROM e.every)) = 0)
               AND NOT (r.status = 'skipped' AND r.attempt = r.released)""",
-            ([e.removeprefix("every ") for e in EXPRESSIONS if e.startswith("every ")],)).fetchall() == []
+            ([every for e in EXPRESSIONS if (every := slot_rule(e)[1])],)).fetchall() == []
 
 
 # dispatch.explain against what the next tick and claim do, added to the walk from outside the
@@ -775,7 +789,8 @@ class DispatchWalkExplainedEveryFewSteps(DispatchWalk):
 # on (stopped), less those with a run (scheduled or backfill) or in a recorded gap.
 ACCOUNTING = """
     WITH s AS (
-        SELECT s.*, coalesce(s.next_run_at, s.stopped_on,
+        SELECT s.*, coalesce(s.next_run_at, CASE WHEN s.ended_at IS NOT NULL THEN 'infinity'::timestamptz END,
+                             s.stopped_on,
                              (SELECT max(r.scheduled_for) + interval '1 microsecond' FROM dispatch.runs r
                               WHERE r.schedule_id = s.id AND r.kind = 'scheduled'),
                              s.created_at) AS upto
@@ -838,7 +853,7 @@ def sessions(db: psycopg.Connection, connect: Callable[..., psycopg.Connection])
 
 
 # the verdicts of dispatch.explain every CI walk checks (the rarer ones are in tests/test_explain.py)
-EXPLAIN_STATES = ("live", "busy", "pending", "paused", "disabled", "deleted", "capped")
+EXPLAIN_STATES = ("live", "busy", "pending", "paused", "disabled", "deleted", "capped", "ended")
 
 
 def walk_by_hand(sessions: Sessions) -> None:

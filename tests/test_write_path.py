@@ -163,7 +163,8 @@ def test_schedule_changes_notify_listeners(db: psycopg.Connection, connect: Call
         ("args", '"text"', errors.CheckViolation, "schedules_args_check"),
         ("args", "null", errors.CheckViolation, "schedules_args_check"),
         ("args", "{broken", errors.InvalidTextRepresentation, "json"),
-        ("cron_expression", None, errors.InvalidParameterValue, "a schedule needs cron_expression or every"),
+        ("cron_expression", None, errors.InvalidParameterValue,
+         "a schedule needs cron_expression, every or run_at"),
         (
             "cron_expression",
             "61 * * * *",

@@ -423,6 +423,55 @@ $$;
 COMMENT ON FUNCTION dispatch.every_spec(interval, timestamptz) IS
     'The slot rule of an interval schedule (slots at anchor + k * every, real time) as a dispatch.cron_spec, for dispatch.cron_spec_next and the tick. Raises 22023 for an interval under 1 second or over 366 days, or one with months.';
 
+-- A rule kept within bounds: no slot before starts_at, none after ends_at, and at most max_runs
+-- slots (the first ones at or after starts_at, which max_runs then needs). The max_runs-th slot
+-- becomes the end, so that the bounds are two instants wherever slots are computed.
+CREATE OR REPLACE FUNCTION dispatch.bounded_spec(spec dispatch.cron_spec, starts_at timestamptz, ends_at timestamptz,
+                                                 max_runs integer, tz text DEFAULT 'UTC')
+RETURNS dispatch.cron_spec
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    last_slot timestamptz;
+BEGIN
+    IF max_runs IS NOT NULL AND (max_runs NOT BETWEEN 1 AND 10000 OR starts_at IS NULL) THEN
+        RAISE EXCEPTION 'max_runs must be between 1 and 10000 and count from starts_at, not %', max_runs
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'For more slots than that, bound the schedule with ends_at.';
+    END IF;
+    spec.starts_at := starts_at;
+    spec.ends_at := ends_at;
+    IF max_runs IS NOT NULL THEN
+        last_slot := dispatch.cron_spec_next(spec, starts_at - interval '1 microsecond', tz);
+        IF spec.every_us IS NOT NULL AND isfinite(last_slot) THEN
+            last_slot := last_slot + ((max_runs - 1) * spec.every_us) * interval '1 microsecond';
+        ELSE
+            FOR i IN 2..max_runs LOOP
+                EXIT WHEN NOT isfinite(last_slot);
+                last_slot := dispatch.cron_spec_next(spec, last_slot, tz);
+            END LOOP;
+        END IF;
+        IF isfinite(last_slot) THEN
+            spec.ends_at := least(ends_at, last_slot);
+        END IF;
+    END IF;
+    RETURN spec;
+END
+$$;
+COMMENT ON FUNCTION dispatch.bounded_spec(dispatch.cron_spec, timestamptz, timestamptz, integer, text) IS
+    'The slot rule spec kept within bounds: no slot before starts_at, none after ends_at, and at most its first max_runs slots at or after starts_at (1 to 10,000; max_runs needs starts_at). dispatch.cron_spec_next then answers ''infinity'' past the last slot. Raises 22023 for a max_runs out of range.';
+
+-- A one-shot schedule's rule: one slot, at run_at (an interval rule bounded to that one slot,
+-- spaced as far as intervals go, so that jitter may be up to a day as for a daily rule).
+CREATE OR REPLACE FUNCTION dispatch.once_spec(run_at timestamptz)
+RETURNS dispatch.cron_spec
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT dispatch.bounded_spec(dispatch.every_spec(interval '366 days', run_at), run_at, run_at, NULL) $$;
+COMMENT ON FUNCTION dispatch.once_spec(timestamptz) IS
+    'The slot rule of a one-shot schedule: its one slot is run_at.';
+
 -- The k-th slot of an interval spec, and the index of the latest slot at or before an instant.
 CREATE OR REPLACE FUNCTION dispatch._every_slot(spec dispatch.cron_spec, k numeric)
 RETURNS timestamptz
@@ -450,10 +499,17 @@ DECLARE
     k   timestamptz;
     ahead double precision;
 BEGIN
-    IF spec.every_us IS NOT NULL THEN
-        RETURN dispatch._every_slot(spec, dispatch._every_index(spec, after) + 1);
+    -- A bounded rule: 'infinity' past its last slot (the schedule then ends), and no slot
+    -- before its start (a slot on starts_at itself counts).
+    IF spec.ends_at IS NOT NULL AND after >= spec.ends_at THEN
+        RETURN 'infinity';
     END IF;
-    IF spec.real_time THEN
+    IF spec.starts_at IS NOT NULL AND after < spec.starts_at THEN
+        after := spec.starts_at - interval '1 microsecond';
+    END IF;
+    IF spec.every_us IS NOT NULL THEN
+        c := dispatch._every_slot(spec, dispatch._every_index(spec, after) + 1);
+    ELSIF spec.real_time THEN
         -- Follows real time: walk instants; a wall-clock time skipped by DST never happens, a
         -- repeated one happens twice. Between offset changes, wall = instant + constant offset.
         i := to_timestamp((floor(extract(epoch FROM after) / 60) + 1) * 60);
@@ -464,7 +520,8 @@ BEGIN
             IF ahead <= 14 * 86400 THEN
                 j := to_timestamp(extract(epoch FROM i) + ahead);
                 IF (j AT TIME ZONE tz) = m THEN
-                    RETURN j;  -- same offset at both ends: no change in between
+                    c := j;  -- same offset at both ends: no change in between
+                    EXIT;
                 END IF;
                 i := dispatch._tz_transition(i, j, tz);
             ELSE
@@ -476,32 +533,31 @@ BEGIN
                 END IF;
             END IF;
         END LOOP;
-    END IF;
-
-    -- Fixed time (Debian cron): once per matching wall-clock time; a time skipped by a
-    -- spring-forward fires at the jump, a time repeated by a fall-back at its first occurrence.
-    w := date_trunc('minute', after AT TIME ZONE tz) + interval '1 minute';
-    LOOP
-        m := dispatch._cron_match_from(spec, w);
-        c := m AT TIME ZONE tz;  -- PostgreSQL reads a skipped or repeated time with the standard offset
-        IF (c AT TIME ZONE tz) <> m THEN
-            c := dispatch._tz_transition(c - interval '24 hours', c + interval '24 hours', tz);
-        ELSE
-            k := c - interval '24 hours';
-            k := (m - ((k AT TIME ZONE tz) - (k AT TIME ZONE 'UTC'))) AT TIME ZONE 'UTC';
-            IF k < c AND (k AT TIME ZONE tz) = m THEN
-                c := k;  -- the earlier of two occurrences
+    ELSE
+        -- Fixed time (Debian cron): once per matching wall-clock time; a time skipped by a
+        -- spring-forward fires at the jump, a time repeated by a fall-back at its first occurrence.
+        w := date_trunc('minute', after AT TIME ZONE tz) + interval '1 minute';
+        LOOP
+            m := dispatch._cron_match_from(spec, w);
+            c := m AT TIME ZONE tz;  -- PostgreSQL reads a skipped or repeated time with the standard offset
+            IF (c AT TIME ZONE tz) <> m THEN
+                c := dispatch._tz_transition(c - interval '24 hours', c + interval '24 hours', tz);
+            ELSE
+                k := c - interval '24 hours';
+                k := (m - ((k AT TIME ZONE tz) - (k AT TIME ZONE 'UTC'))) AT TIME ZONE 'UTC';
+                IF k < c AND (k AT TIME ZONE tz) = m THEN
+                    c := k;  -- the earlier of two occurrences
+                END IF;
             END IF;
-        END IF;
-        IF c > after THEN
-            RETURN c;
-        END IF;
-        w := m + interval '1 minute';
-    END LOOP;
+            EXIT WHEN c > after;
+            w := m + interval '1 minute';
+        END LOOP;
+    END IF;
+    RETURN CASE WHEN c > spec.ends_at THEN 'infinity' ELSE c END;
 END
 $$;
 COMMENT ON FUNCTION dispatch.cron_spec_next(dispatch.cron_spec, timestamptz, text) IS
-    'dispatch.cron_next for an already parsed expression: the earliest minute-aligned instant strictly after "after" that the spec matches in time zone tz. For an interval spec (dispatch.every_spec), the first anchor + k * every after "after"; tz does not apply.';
+    'dispatch.cron_next for an already parsed expression: the earliest minute-aligned instant strictly after "after" that the spec matches in time zone tz. For an interval spec (dispatch.every_spec), the first anchor + k * every after "after"; tz does not apply. A bounded spec (dispatch.bounded_spec) gives no slot before its start and ''infinity'' past its last slot.';
 
 -- The latest instant the spec fires at in (lo, hi]; NULL when there is none. What catch-up
 -- "latest" runs after downtime, in a few cron_spec_next calls however long the downtime was:
@@ -518,9 +574,10 @@ DECLARE
     t timestamptz;
     n timestamptz;
 BEGIN
+    hi := least(hi, spec.ends_at);
     IF spec.every_us IS NOT NULL THEN
         t := dispatch._every_slot(spec, dispatch._every_index(spec, hi));
-        RETURN CASE WHEN t > lo THEN t END;
+        RETURN CASE WHEN t > lo AND t >= coalesce(spec.starts_at, t) THEN t END;
     END IF;
     FOREACH w IN ARRAY windows LOOP
         t := dispatch.cron_spec_next(spec, greatest(lo, hi - w), tz);
@@ -538,7 +595,8 @@ BEGIN
 END
 $$;
 
--- The instants the spec fires at in (lo, hi], oldest first, at most max_n of them.
+-- The instants the spec fires at in (lo, hi], oldest first, at most max_n of them (hi may be
+-- 'infinity' for a bounded spec).
 CREATE OR REPLACE FUNCTION dispatch._cron_slots(spec dispatch.cron_spec, lo timestamptz, hi timestamptz, tz text,
                                                  max_n integer)
 RETURNS SETOF timestamptz
@@ -550,7 +608,7 @@ DECLARE
 BEGIN
     FOR i IN 1..max_n LOOP
         t := dispatch.cron_spec_next(spec, t, tz);
-        EXIT WHEN t > hi;
+        EXIT WHEN t > hi OR NOT isfinite(t);
         RETURN NEXT t;
     END LOOP;
 END

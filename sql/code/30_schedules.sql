@@ -4,6 +4,8 @@
 --   _050_soft_delete      BEFORE DELETE: a hard delete becomes the soft delete (invariant 4)
 --   _100_validate_*       BEFORE INSERT/UPDATE: validate the definition, derive cron_spec and
 --                         next_run_at (invariant 2)
+--   _150_ended            BEFORE UPDATE of next_run_at to 'infinity' (past a bounded rule's last
+--                         slot): the schedule ends
 --   _200_end_pending      AFTER UPDATE that stops the schedule: its pending runs end
 --   _210_unbuffer         AFTER UPDATE of overlap away from buffer_one: the buffered run
 --   _800_audit_*          AFTER: one audit row per definition change
@@ -54,6 +56,96 @@ BEGIN
     END IF;
 END
 $$;
+
+-- The bounds of a schedule (run_at, starts_at, ends_at, max_runs), checked with a message that
+-- names the field; `was` is the row before an UPDATE (NULL on INSERT).
+CREATE OR REPLACE FUNCTION dispatch._check_bounds(s dispatch.schedules, was dispatch.schedules)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    problem text;
+    hint text;
+BEGIN
+    IF s.run_at IS NOT NULL AND num_nonnulls(s.starts_at, s.ends_at, s.max_runs) > 0 THEN
+        problem := 'starts_at, ends_at and max_runs bound a repeating schedule, not a one-shot (run_at)';
+        hint := 'A one-shot has one slot, at run_at.';
+    ELSIF NOT isfinite(s.run_at) THEN
+        problem := format('run_at must be an instant, not %s', s.run_at);
+    ELSIF s.run_at < now() AND s.run_at IS DISTINCT FROM was.run_at THEN
+        problem := format('run_at %s is in the past', s.run_at);
+        hint := 'run_at = now() fires it at once.';
+    ELSIF NOT isfinite(s.starts_at) THEN
+        problem := format('starts_at must be an instant, not %s', s.starts_at);
+        hint := 'NULL: from the creation.';
+    ELSIF NOT isfinite(s.ends_at) THEN
+        problem := format('ends_at must be an instant, not %s', s.ends_at);
+        hint := 'NULL: no end.';
+    ELSIF s.ends_at < s.starts_at THEN
+        problem := format('ends_at (%s) must not be before starts_at (%s)', s.ends_at, s.starts_at);
+    ELSIF s.max_runs NOT BETWEEN 1 AND 10000 THEN
+        problem := format('max_runs must be between 1 and 10000, not %s', s.max_runs);
+        hint := 'For more slots than that, bound the schedule with ends_at.';
+    END IF;
+    IF hint IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
+    ELSIF problem IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
+    END IF;
+END
+$$;
+
+-- Which bound a schedule's last slot came from: what ended_reason says.
+CREATE OR REPLACE FUNCTION dispatch._ended_reason(s dispatch.schedules)
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+        WHEN s.run_at IS NOT NULL THEN format('a one-shot: its slot (run_at %s) is past', s.run_at)
+        WHEN s.max_runs IS NOT NULL AND (s.cron_spec).ends_at IS DISTINCT FROM s.ends_at
+            THEN format('its %s slots from %s (max_runs, starts_at) are past', s.max_runs, s.starts_at)
+        ELSE format('its slots up to ends_at %s are past', s.ends_at) END
+$$;
+
+-- A schedule whose rule has no slot left ends: no next slot, when and why, one audit row
+-- (schedule.ended; actor NULL when the system ended it on its last slot).
+CREATE OR REPLACE FUNCTION dispatch._end_schedule(s dispatch.schedules, actor text)
+RETURNS dispatch.schedules
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    s.next_run_at := NULL;
+    s.backoff_reason := NULL;
+    s.ended_at := now();
+    s.ended_reason := dispatch._ended_reason(s);
+    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+    VALUES (actor, s.project_id, 'schedule.ended',
+            jsonb_strip_nulls(jsonb_build_object('scheduleId', s.id, 'functionName', s.function_name,
+                                                 'reason', s.ended_reason, 'lastSlot', s.last_slot)));
+    RETURN s;
+END
+$$;
+
+-- The system's own writes of next_run_at (tick, completion) put 'infinity' there past a bounded
+-- rule's last slot (dispatch.cron_spec_next): the schedule ends then.
+CREATE OR REPLACE FUNCTION dispatch._schedule_ended()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN dispatch._end_schedule(NEW, NULL);
+END
+$$;
+
+CREATE OR REPLACE TRIGGER _150_ended BEFORE UPDATE OF next_run_at ON dispatch.schedules
+    FOR EACH ROW WHEN (NEW.next_run_at = 'infinity')
+    EXECUTE FUNCTION dispatch._schedule_ended();
 
 -- The shortest time between two consecutive slots of a rule, by the wall clock: the interval of
 -- an interval schedule; for a cron expression, from its minute and hour sets (two minutes of an
@@ -120,35 +212,52 @@ BEGIN
                       HINT = 'Pass a reference (a key, a URL) that the function fetches instead.';
         END IF;
     END IF;
-    -- A schedule's slots come from a cron expression or an interval, exactly one of them.
-    IF (NEW.cron_expression IS NULL) = (NEW.every IS NULL) THEN
+    -- A schedule's slots come from a cron expression, an interval or one instant, exactly one.
+    IF num_nonnulls(NEW.cron_expression, NEW.every, NEW.run_at) <> 1 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'invalid_parameter_value',
-            MESSAGE = CASE WHEN NEW.every IS NULL THEN 'a schedule needs cron_expression or every'
-                           ELSE 'cron_expression and every exclude each other: set one of them' END,
-            HINT = 'cron_expression for wall-clock slots (''*/5 * * * *''), every for slots a fixed time apart (''30 seconds'', from anchor).';
+            MESSAGE = CASE WHEN num_nonnulls(NEW.cron_expression, NEW.every, NEW.run_at) = 0
+                           THEN 'a schedule needs cron_expression, every or run_at'
+                           ELSE concat_ws(' and ', CASE WHEN NEW.cron_expression IS NOT NULL THEN 'cron_expression' END,
+                                          CASE WHEN NEW.every IS NOT NULL THEN 'every' END,
+                                          CASE WHEN NEW.run_at IS NOT NULL THEN 'run_at' END)
+                                || ' exclude each other: set one of them' END,
+            HINT = 'cron_expression for wall-clock slots (''*/5 * * * *''), every for slots a fixed time apart (''30 seconds'', from anchor), run_at for one slot at an instant.';
     END IF;
     -- anchor belongs to an interval: it defaults to the creation time, and goes with every. One
     -- given for a cron expression would be dropped without a word: refused.
     IF NEW.every IS NULL AND NEW.anchor IS NOT NULL
        AND (TG_OP = 'INSERT' OR NEW.anchor IS DISTINCT FROM OLD.anchor) THEN
-        RAISE EXCEPTION 'anchor applies to an interval schedule (every), not to cron_expression %',
-                        quote_literal(NEW.cron_expression)
+        RAISE EXCEPTION 'anchor applies to an interval schedule (every), not to %',
+                        coalesce('cron_expression ' || quote_literal(NEW.cron_expression), 'a one-shot (run_at)')
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'A cron expression''s slots are wall-clock times; leave anchor NULL.';
+                  HINT = 'A cron expression''s slots are wall-clock times, a one-shot''s is run_at; leave anchor NULL.';
     END IF;
     NEW.anchor := CASE WHEN NEW.every IS NOT NULL THEN coalesce(NEW.anchor, NEW.created_at, now()) END;
-    -- cron_spec is derived: whatever a statement wrote there, it is the parsed expression (or
-    -- interval). An unchanged expression and zone are not validated again, so that a schedule
-    -- whose zone was dropped from the tz database can still be edited, disabled or deleted.
-    IF TG_OP = 'INSERT' OR NEW.cron_expression IS DISTINCT FROM OLD.cron_expression
-       OR NEW.every IS DISTINCT FROM OLD.every OR NEW.anchor IS DISTINCT FROM OLD.anchor
-       OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec THEN
-        NEW.cron_spec := CASE WHEN NEW.every IS NOT NULL THEN dispatch.every_spec(NEW.every, NEW.anchor)
-                              ELSE dispatch.cron_parse(NEW.cron_expression) END;
+    PERFORM dispatch._check_bounds(NEW, OLD);  -- (OLD: NULL on INSERT)
+    IF NEW.max_runs IS NOT NULL AND NEW.starts_at IS NULL THEN
+        -- max_runs counts from the write that set it (its statement's clock, from which the
+        -- first slot is computed too: no slot is counted that could not run)
+        NEW.starts_at := clock_timestamp();
     END IF;
     IF TG_OP = 'INSERT' OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
         PERFORM dispatch.check_timezone(NEW.timezone);
+    END IF;
+    -- cron_spec is derived: whatever a statement wrote there, it is the parsed expression (or
+    -- interval, or instant) within its bounds. An unchanged rule and zone are not validated
+    -- again, so that a schedule whose zone was dropped from the tz database can still be edited,
+    -- disabled or deleted.
+    IF TG_OP = 'INSERT' OR NEW.cron_expression IS DISTINCT FROM OLD.cron_expression
+       OR NEW.every IS DISTINCT FROM OLD.every OR NEW.anchor IS DISTINCT FROM OLD.anchor
+       OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec OR NEW.run_at IS DISTINCT FROM OLD.run_at
+       OR NEW.starts_at IS DISTINCT FROM OLD.starts_at OR NEW.ends_at IS DISTINCT FROM OLD.ends_at
+       OR NEW.max_runs IS DISTINCT FROM OLD.max_runs
+       OR (NEW.max_runs IS NOT NULL AND NEW.timezone IS DISTINCT FROM OLD.timezone) THEN
+        NEW.cron_spec := CASE
+            WHEN NEW.run_at IS NOT NULL THEN dispatch.once_spec(NEW.run_at)
+            ELSE dispatch.bounded_spec(CASE WHEN NEW.every IS NOT NULL THEN dispatch.every_spec(NEW.every, NEW.anchor)
+                                            ELSE dispatch.cron_parse(NEW.cron_expression) END,
+                                       NEW.starts_at, NEW.ends_at, NEW.max_runs, NEW.timezone) END;
     END IF;
     PERFORM dispatch._check_policies(NEW);
     -- One jitter rule for both kinds of slots: a slot never fires after the next one is due.
@@ -180,9 +289,26 @@ BEGIN
         -- The statement's clock, not the transaction's: a transaction that began before a slot
         -- ran must not put the schedule back onto it. And never on or before the last slot
         -- that finished, whatever the clock says (a slot marked ahead of time by tick(horizon)).
-        NEW.next_run_at := dispatch.cron_spec_next(NEW.cron_spec, greatest(clock_timestamp(), NEW.last_slot),
-                                                   dispatch.check_timezone(NEW.timezone));
+        -- (A one-shot given its instant here may have it between the transaction's start and
+        -- the statement's clock.)
+        NEW.next_run_at := dispatch.cron_spec_next(
+            NEW.cron_spec,
+            greatest(CASE WHEN NEW.run_at IS NOT NULL AND (TG_OP = 'INSERT' OR NEW.run_at IS DISTINCT FROM OLD.run_at)
+                          THEN least(clock_timestamp(), NEW.run_at - interval '1 microsecond')
+                          ELSE clock_timestamp() END,
+                     NEW.last_slot),
+            dispatch.check_timezone(NEW.timezone));
         NEW.backoff_reason := NULL;
+        NEW.ended_at := NULL;
+        NEW.ended_reason := NULL;
+    END IF;
+    IF NEW.next_run_at = 'infinity' THEN
+        IF TG_OP = 'INSERT' THEN
+            RAISE EXCEPTION 'the schedule has no slot after now: %', dispatch._ended_reason(NEW)
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Give run_at, ends_at or max_runs (from starts_at) that leave it a slot to come.';
+        END IF;
+        NEW := dispatch._end_schedule(NEW, session_user);
     END IF;
     IF TG_OP = 'UPDATE' THEN
         NEW.updated_at := now();
@@ -198,7 +324,8 @@ CREATE OR REPLACE TRIGGER _100_validate_insert BEFORE INSERT ON dispatch.schedul
 CREATE OR REPLACE TRIGGER _100_validate_update
     BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at,
                      paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout,
-                     misfire_grace, catchup, overlap, every, anchor, jitter
+                     misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at,
+                     max_runs
     ON dispatch.schedules
     FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
 
@@ -321,7 +448,8 @@ BEGIN
         JOIN jsonb_each(to_jsonb(OLD)) o USING (key)
         WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled',
                         'deleted_at', 'max_attempts', 'retry_backoff', 'retry_backoff_max', 'timeout',
-                        'misfire_grace', 'catchup', 'overlap', 'every', 'anchor', 'jitter')
+                        'misfire_grace', 'catchup', 'overlap', 'every', 'anchor', 'jitter', 'run_at',
+                        'starts_at', 'ends_at', 'max_runs')
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -331,6 +459,7 @@ BEGIN
                 'functionName', NEW.function_name,
                 'cronExpression', NEW.cron_expression,
                 'every', NEW.every,
+                'runAt', NEW.run_at,
                 'timezone', NEW.timezone,
                 'reason', CASE WHEN action = 'schedule.pause' THEN NEW.paused_reason END))
             -- after the stripping: a column set to NULL shows as null
@@ -369,7 +498,7 @@ CREATE OR REPLACE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules
 CREATE OR REPLACE TRIGGER _800_audit_update
     AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at,
                     paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace,
-                    catchup, overlap, every, anchor, jitter
+                    catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs
     ON dispatch.schedules
     FOR EACH ROW
     WHEN (OLD.project_id IS DISTINCT FROM NEW.project_id
@@ -389,7 +518,11 @@ CREATE OR REPLACE TRIGGER _800_audit_update
           OR OLD.overlap IS DISTINCT FROM NEW.overlap
           OR OLD.every IS DISTINCT FROM NEW.every
           OR OLD.anchor IS DISTINCT FROM NEW.anchor
-          OR OLD.jitter IS DISTINCT FROM NEW.jitter)
+          OR OLD.jitter IS DISTINCT FROM NEW.jitter
+          OR OLD.run_at IS DISTINCT FROM NEW.run_at
+          OR OLD.starts_at IS DISTINCT FROM NEW.starts_at
+          OR OLD.ends_at IS DISTINCT FROM NEW.ends_at
+          OR OLD.max_runs IS DISTINCT FROM NEW.max_runs)
     EXECUTE FUNCTION dispatch._schedule_audit();
 
 -- Listeners keep a timer on the earliest next_run_at: a definition change may move it.
@@ -406,6 +539,7 @@ END
 $$;
 
 CREATE OR REPLACE TRIGGER _900_notify
-    AFTER INSERT OR UPDATE OF enabled, deleted_at, paused_at, cron_expression, timezone, every, anchor
+    AFTER INSERT OR UPDATE OF enabled, deleted_at, paused_at, cron_expression, timezone, every, anchor, run_at,
+                              starts_at, ends_at, max_runs
     ON dispatch.schedules
     FOR EACH STATEMENT EXECUTE FUNCTION dispatch._schedule_notify();

@@ -12,8 +12,9 @@
 --   disabled  the schedule was disabled (recorded when it is enabled again)
 -- A slot that got a run, of whatever status, is never in a gap.
 
--- The slots of a rule in (lo, hi): the first, the last, and how many (counted up to 10,000;
--- at_least when there are more). NULLs when there is none.
+-- The slots of a rule in (lo, hi) (hi 'infinity': up to a bounded rule's last): the first, the
+-- last, and how many (counted up to 10,000; at_least when there are more). NULLs when there is
+-- none.
 CREATE OR REPLACE FUNCTION dispatch._slots_between(spec dispatch.cron_spec, lo timestamptz, hi timestamptz, tz text,
                                                    OUT first_slot timestamptz, OUT last_slot timestamptz,
                                                    OUT slots integer, OUT at_least boolean)
@@ -86,13 +87,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- from the slot it stood on when it stopped (those it has a run for excluded: a pending run
-    -- ended skipped at the stop), up to the slot it goes on from
+    -- ended skipped at the stop), up to the slot it goes on from (or its last, if it ended)
     PERFORM dispatch._record_gaps(
         ARRAY[NEW.id],
         ARRAY[greatest(OLD.stopped_on - interval '1 microsecond',
                        (SELECT max(r.scheduled_for) FROM dispatch.runs r
                         WHERE r.schedule_id = NEW.id AND r.kind = 'scheduled'))],
-        ARRAY[NEW.next_run_at],
+        ARRAY[coalesce(NEW.next_run_at, 'infinity')],
         CASE WHEN OLD.paused_at IS NOT NULL THEN 'pause' ELSE 'disabled' END);
     RETURN NULL;
 END
@@ -102,7 +103,8 @@ $$;
 -- slots afresh.
 CREATE OR REPLACE TRIGGER _220_record_stop_gap AFTER UPDATE OF enabled, paused_at ON dispatch.schedules
     FOR EACH ROW
-    WHEN (OLD.next_run_at IS NULL AND NEW.next_run_at IS NOT NULL AND OLD.stopped_on IS NOT NULL
+    WHEN (OLD.next_run_at IS NULL AND (NEW.next_run_at IS NOT NULL OR NEW.ended_at IS NOT NULL)
+          AND OLD.stopped_on IS NOT NULL
           AND OLD.cron_spec IS NOT DISTINCT FROM NEW.cron_spec AND OLD.timezone = NEW.timezone)
     EXECUTE FUNCTION dispatch._schedule_record_stop_gap();
 

@@ -308,7 +308,7 @@ DECLARE
 BEGIN
     -- cheap guard: the chunk takes all that is due (counting due entries, at most max_runs + 1)
     IF (SELECT count(*) FROM (SELECT 1 FROM dispatch.schedules s WHERE s.next_run_at <= horizon
-                              LIMIT max_runs + 1) c) <= max_runs THEN
+                              LIMIT _due_heads.max_runs + 1) c) <= _due_heads.max_runs THEN
         RETURN NULL;
     END IF;
     -- Each step: the next project's first entry (its earliest next_run_at; a stopped or deleted
@@ -332,7 +332,7 @@ BEGIN
             -- it has had its turn.
             AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
                             WHERE x.schedule_id = w.id AND x.scheduled_for = w.next_run_at)
-          LIMIT greatest(max_runs / 2, 1)) d;
+          LIMIT greatest(_due_heads.max_runs / 2, 1)) d;
     IF coalesce(cardinality(projects), 0) < 2 THEN
         RETURN NULL;
     END IF;
@@ -467,10 +467,10 @@ BEGIN
                                 OFFSET 0) o
             WHERE s.next_run_at <= horizon
               AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
-              AND (max_runs IS NULL
+              AND (_mark_due.max_runs IS NULL
                    OR (s.overlap <> 'allow' AND o.open = 0 AND s.backoff_reason IS NULL
                        AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)))
-            LIMIT max_runs - taken  -- NULL: all
+            LIMIT _mark_due.max_runs - taken  -- NULL: all
             FOR NO KEY UPDATE OF s SKIP LOCKED
         )
         SELECT count(*), array_agg(d.tid) FILTER (WHERE d.plain), array_agg(d.id) FILTER (WHERE NOT d.plain)

@@ -389,6 +389,12 @@ BEGIN
                     THEN '; overlap skip: slots that come due meanwhile do not run (a gap, overlap)'
                     ELSE '; overlap buffer_one: the first slot that comes due meanwhile waits behind it, later ones do not run'
                END;
+    ELSIF s.ended_at IS NOT NULL THEN
+        item := 'ended';
+        at := s.ended_at;
+        detail := format('ended at %s: %s; nothing fires again unless an edit of its rule or bounds leaves it a slot to come; its runs and audit rows are kept',
+                         dispatch._instant(s.ended_at), s.ended_reason)
+            || CASE WHEN head.id IS NOT NULL THEN format('; run %s is still open', head.id) ELSE '' END;
     ELSIF s.next_run_at <= now() AND slot_run.id IS NOT NULL AND slot_run.status NOT IN ('pending', 'running') THEN
         item := 'settling';
         at := s.next_run_at;
@@ -525,6 +531,16 @@ BEGIN
             slot := first_next;
             FOR k IN 1..3 LOOP
                 section := 'next';
+                IF slot IS NULL OR NOT isfinite(slot) THEN
+                    -- a bounded rule past its last slot
+                    item := 'end';
+                    at := NULL;
+                    run_id := NULL;
+                    detail := CASE WHEN k = 1 THEN 'no slot to come: ' ELSE 'no slot after these: ' END
+                              || dispatch._ended_reason(s) || next_note;
+                    RETURN NEXT;
+                    EXIT;
+                END IF;
                 item := 'slot';
                 at := slot;
                 run_id := NULL;
@@ -629,4 +645,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION dispatch.explain(uuid, timestamptz) IS
-    'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, breaker (held by its function''s open circuit breaker), capped (due, but its project''s max_concurrency leaves the next claim no room for it, or an open transaction holds the project''s row), buffered, backed_off, paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots, each with the instant its jitter fires it at), run (the last five finished runs, the latest slot first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';
+    'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, breaker (held by its function''s open circuit breaker), capped (due, but its project''s max_concurrency leaves the next claim no room for it, or an open transaction holds the project''s row), buffered, backed_off, ended (a one-shot or bounded schedule past its last slot, and why), paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots, each with the instant its jitter fires it at; an end row where a bounded rule has no more), run (the last five finished runs, the latest slot first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';

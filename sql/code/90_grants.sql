@@ -50,6 +50,8 @@ GRANT EXECUTE ON FUNCTION
     dispatch.cron_is_valid(text),
     dispatch.check_timezone(text),
     dispatch._check_policies(dispatch.schedules),
+    dispatch._check_bounds(dispatch.schedules, dispatch.schedules),
+    dispatch._ended_reason(dispatch.schedules),
     dispatch._slot_spacing(dispatch.cron_spec),
     dispatch._cron_error(text, text, text),
     dispatch._cron_value(text, text, text, integer, integer),
@@ -59,6 +61,8 @@ GRANT EXECUTE ON FUNCTION
     dispatch._tz_transition(timestamptz, timestamptz, text),
     dispatch._timezone_names(),
     dispatch.every_spec(interval, timestamptz),
+    dispatch.bounded_spec(dispatch.cron_spec, timestamptz, timestamptz, integer, text),
+    dispatch.once_spec(timestamptz),
     dispatch._every_slot(dispatch.cron_spec, numeric),
     dispatch._every_index(dispatch.cron_spec, timestamptz),
     dispatch.jitter_offset(uuid, timestamptz, interval),
@@ -104,11 +108,15 @@ BEGIN
 END
 $$;
 GRANT INSERT (id, project_id, function_name, cron_expression, timezone, args, enabled, max_attempts, retry_backoff,
-              retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter)
+              retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at,
+              ends_at, max_runs)
     ON dispatch.schedules TO dispatch_admin;
 GRANT UPDATE (project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, max_attempts,
-              retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter)
+              retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter,
+              run_at, starts_at, ends_at, max_runs)
     ON dispatch.schedules TO dispatch_admin;
+-- (the write trigger runs as the writer: an edit that leaves no slot ends the schedule, audited)
+GRANT EXECUTE ON FUNCTION dispatch._end_schedule(dispatch.schedules, text) TO dispatch_admin;
 GRANT DELETE ON dispatch.schedules TO dispatch_admin;
 GRANT UPDATE ON dispatch.settings TO dispatch_admin;
 -- Per-project dispatch settings (max_concurrency, weight): rows an administrator writes.
