@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -33,21 +33,23 @@ __all__ = ["add_commands"]
 PREVIEW = 5
 RUN_STATUSES = ("pending", "running", "ok", "error", "skipped", "lost")
 
-# The next slots of a schedule by its own rule (cron or interval) and the instants they fire at
-# (its jitter), computed in SQL exactly as the dispatcher does; from now when it has no next slot.
+# The next slots of a schedule by its own rule (cron, interval or one instant) and the instants
+# they fire at (its jitter), computed in SQL exactly as the dispatcher does; from now when it has
+# no next slot; none past a bounded rule's last ('infinity').
 _FIRE_TIMES = """
 WITH RECURSIVE slot(n, at) AS (
     SELECT 1, coalesce(s.next_run_at, dispatch.cron_spec_next(s.cron_spec, now(), s.timezone))
-    FROM dispatch.schedules s WHERE s.id = %(id)s
+    FROM dispatch.schedules s WHERE s.id = %(id)s AND s.ended_at IS NULL
   UNION ALL
     SELECT n + 1, dispatch.cron_spec_next(s.cron_spec, slot.at, s.timezone)
     FROM slot JOIN dispatch.schedules s ON s.id = %(id)s
-    WHERE n < %(count)s
+    WHERE n < %(count)s AND isfinite(slot.at)
 )
 SELECT slot.at, slot.at + dispatch.jitter_offset(s.id, slot.at, s.jitter) AS fire_at,
        slot.at AT TIME ZONE s.timezone AS local_time,
        (slot.at AT TIME ZONE s.timezone) - (slot.at AT TIME ZONE 'UTC') AS utc_offset, s.timezone
 FROM slot JOIN dispatch.schedules s ON s.id = %(id)s
+WHERE isfinite(slot.at)
 ORDER BY slot.n
 """
 
@@ -111,10 +113,17 @@ def _fire_times(conn: psycopg.Connection[dict[str, Any]], sid: str,
 
 
 def _slots(schedule: dict[str, Any]) -> str:
-    """How a schedule's slots are given: its cron expression, or `every 30s`."""
-    if schedule["every"] is None:
-        return str(schedule["cron_expression"])
-    return f"every {format_duration(schedule['every'])}"
+    """How a schedule's slots are given: its cron expression, `every 30s` or `once at …`, and
+    its bounds."""
+    if schedule["run_at"] is not None:
+        return f"once at {format_value(schedule['run_at'])}"
+    rule = (str(schedule["cron_expression"]) if schedule["every"] is None
+            else f"every {format_duration(schedule['every'])}")
+    if schedule["max_runs"] is not None:
+        rule += f", {schedule['max_runs']} slots"
+    if schedule["ends_at"] is not None:
+        rule += f", until {format_value(schedule['ends_at'])}"
+    return rule
 
 
 def _list_row(schedule: dict[str, Any]) -> dict[str, Any]:
@@ -124,7 +133,7 @@ def _list_row(schedule: dict[str, Any]) -> dict[str, Any]:
         why = f": {schedule['paused_reason']}" if schedule["paused_reason"] else ""
         state = f"paused by {schedule['paused_by']}{why}"
     return {**schedule, "slots": _slots(schedule), "state_text": state,
-            "timezone": None if schedule["every"] is not None else schedule["timezone"],
+            "timezone": None if schedule["cron_expression"] is None else schedule["timezone"],
             "jitter_text": format_duration(schedule["jitter"]) if schedule["jitter"] else None}
 
 
@@ -141,8 +150,11 @@ def _print_details(details: dict[str, Any]) -> None:
     interval = schedule["every"] is not None
     fields = [("id", "id"), ("project_id", "project"), ("function_name", "function"),
               *([("every", "every"), ("anchor", "anchor")] if interval
+                else [("run_at", "once at")] if schedule["run_at"] is not None
                 else [("cron_expression", "cron"), ("timezone", "time zone")]),
+              ("starts_at", "starts at"), ("ends_at", "ends at"), ("max_runs", "max runs"),
               ("jitter", "jitter"), ("args", "args"), ("state", "state"),
+              ("ended_at", "ended at"), ("ended_reason", "why it ended"),
               ("paused_at", "paused at"), ("paused_by", "paused by"), ("paused_reason", "pause reason"),
               ("next_run_at", "next run"), ("next_fire_at", "fires at"), ("last_run_at", "last run"),
               ("last_status", "last status"),
@@ -155,7 +167,8 @@ def _print_details(details: dict[str, Any]) -> None:
               ("catchup", "catch-up"), ("overlap", "overlap"), ("created_at", "created"),
               ("updated_at", "updated"), ("deleted_at", "deleted")]
     optional = ("deleted_at", "overdue_by", "current_run_status", "current_attempt", "next_retry_at",
-                "paused_at", "paused_by", "paused_reason", "next_fire_at")
+                "paused_at", "paused_by", "paused_reason", "next_fire_at", "starts_at", "ends_at", "max_runs",
+                "ended_at", "ended_reason")
     for key, label in fields:
         if key in optional and schedule[key] is None:
             continue
@@ -172,10 +185,11 @@ def _print_details(details: dict[str, Any]) -> None:
         print(f"{label + ':':<19}{format_value(schedule[key])}")
     if details["next_fire_times"]:
         note = "" if schedule["state"] == "enabled" else " (if it were enabled now)"
-        where = "" if interval else f" in {schedule['timezone']}"
+        where = "" if schedule["cron_expression"] is None else f" in {schedule['timezone']}"
         print(f"\nnext {len(details['next_fire_times'])} slots{where}{note}:")
         for fire in details["next_fire_times"]:
-            local = "" if interval else f"{fire['weekday']} {fire['local'].replace('T', ' ')}   "
+            local = ("" if schedule["cron_expression"] is None
+                     else f"{fire['weekday']} {fire['local'].replace('T', ' ')}   ")
             jittered = f"   fires {format_value(fire['fire_at'])}" if fire["fire_at"] != fire["at"] else ""
             print(f"  {local}{format_value(fire['at'])}{jittered}")
     print("\nrecent runs:")
@@ -194,27 +208,59 @@ def _json_args(text: str) -> str:
     return json.dumps(parsed)
 
 
-def _slot_values(args: argparse.Namespace) -> dict[str, Any]:
-    """--cron or --every (the other one cleared), --anchor, --jitter: those given, by column."""
+def _instant(conn: psycopg.Connection[dict[str, Any]], flag: str, text: str, zone: str) -> datetime | None:
+    """An ISO 8601 timestamp given to `flag`; one without an offset is a wall-clock time in
+    `zone`, read by PostgreSQL (its DST rule). "none" is NULL."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"{flag} {text!r} is not an ISO 8601 timestamp, such as 2027-01-31T09:00") from None
+    if parsed.tzinfo is not None:
+        return parsed
+    try:
+        row = conn.execute("SELECT %s::timestamp AT TIME ZONE dispatch.check_timezone(%s) AS at",
+                           (parsed, zone)).fetchone()
+    except psycopg.errors.DataError as exc:
+        raise database_error(exc) from None
+    assert row is not None
+    result: datetime = row["at"]
+    return result
+
+
+def _slot_values(conn: psycopg.Connection[dict[str, Any]], args: argparse.Namespace,
+                 zone: str) -> dict[str, Any]:
+    """--cron, --every or --at (the others cleared), --anchor, --jitter, --starts-at, --ends-at,
+    --max-runs: those given, by column."""
     values: dict[str, Any] = {}
     if args.cron is not None:
-        values |= {"cron_expression": args.cron, "every": None}
+        values |= {"cron_expression": args.cron, "every": None, "run_at": None}
     if args.every is not None:
-        values |= {"every": args.every, "cron_expression": None}
+        values |= {"every": args.every, "cron_expression": None, "run_at": None}
+    if args.at is not None:
+        values |= {"run_at": _instant(conn, "--at", args.at, zone), "cron_expression": None, "every": None,
+                   "starts_at": None, "ends_at": None, "max_runs": None}
     if args.anchor is not None:
         values["anchor"] = args.anchor
     if args.jitter is not None:
         values["jitter"] = args.jitter
+    for flag, column in (("--starts-at", "starts_at"), ("--ends-at", "ends_at")):
+        if getattr(args, column) is not None:
+            values[column] = _instant(conn, flag, getattr(args, column), zone)
+    if args.max_runs is not None:
+        values["max_runs"] = args.max_runs or None
     return values
 
 
 def _add(args: argparse.Namespace) -> int:
-    values: dict[str, Any] = {"project_id": args.project, "function_name": args.function,
-                              "timezone": args.timezone, "args": _json_args(args.args),
-                              "enabled": not args.disabled, **_slot_values(args), **_policy_values(args)}
-    query = sql.SQL("INSERT INTO dispatch.schedules ({}) VALUES ({}) RETURNING id").format(
-        sql.SQL(", ").join(map(sql.Identifier, values)), sql.SQL(", ").join(map(sql.Placeholder, values)))
     with connect(args) as conn:
+        values: dict[str, Any] = {"project_id": args.project, "function_name": args.function,
+                                  "timezone": args.timezone, "args": _json_args(args.args),
+                                  "enabled": not args.disabled, **_slot_values(conn, args, args.timezone),
+                                  **_policy_values(args)}
+        query = sql.SQL("INSERT INTO dispatch.schedules ({}) VALUES ({}) RETURNING id").format(
+            sql.SQL(", ").join(map(sql.Identifier, values)), sql.SQL(", ").join(map(sql.Placeholder, values)))
         try:
             row = conn.execute(query, values).fetchone()
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
@@ -245,17 +291,17 @@ def _policy_values(args: argparse.Namespace) -> dict[str, Any]:
 
 def _update(args: argparse.Namespace) -> int:
     schedule_id = parse_schedule_id(args.id)
-    values: dict[str, Any] = _slot_values(args)
-    if args.timezone is not None:
-        values["timezone"] = args.timezone
-    if args.args is not None:
-        values["args"] = _json_args(args.args)
-    values |= _policy_values(args)
-    if not values:
-        raise UsageError("nothing to change: give --cron, --every, --anchor, --jitter, --timezone, --args"
-                         " or a policy flag")
     with connect(args) as conn:
         schedule = load(conn, schedule_id)
+        values: dict[str, Any] = _slot_values(conn, args, args.timezone or schedule["timezone"])
+        if args.timezone is not None:
+            values["timezone"] = args.timezone
+        if args.args is not None:
+            values["args"] = _json_args(args.args)
+        values |= _policy_values(args)
+        if not values:
+            raise UsageError("nothing to change: give --cron, --every, --at, --anchor, --jitter, --starts-at,"
+                             " --ends-at, --max-runs, --timezone, --args or a policy flag")
         if schedule["state"] == "deleted":
             deleted_at = format_value(schedule["deleted_at"])
             raise CommandError(f"schedule {schedule_id} is deleted (at {deleted_at})")
@@ -277,12 +323,23 @@ def _update(args: argparse.Namespace) -> int:
 
 
 def _add_slot_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
-    group = parser.add_argument_group("slots (one of --cron and --every)")
+    group = parser.add_argument_group("slots (one of --cron, --every and --at)")
     kind = group.add_mutually_exclusive_group(required=required)
     kind.add_argument("--cron", help="5-field cron expression or macro, e.g. '30 2 * * *'")
     kind.add_argument("--every", type=parse_duration, metavar="DURATION",
                       help="an interval schedule instead: slots this far apart in real time, at least 1s "
                            "(e.g. 30s, 5m, 1h30m)")
+    kind.add_argument("--at", metavar="TIMESTAMP",
+                      help="a one-shot instead: one slot at this instant (ISO 8601; without an offset, in "
+                           "--timezone), then the schedule ends")
+    none = "; none to clear" if not required else ""
+    group.add_argument("--starts-at", dest="starts_at", metavar="TIMESTAMP",
+                       help="no slot before this instant (without an offset, in --timezone)" + none)
+    group.add_argument("--ends-at", dest="ends_at", metavar="TIMESTAMP",
+                       help="no slot after this instant; the schedule ends after its last" + none)
+    group.add_argument("--max-runs", dest="max_runs", type=_positive if required else _count, metavar="N",
+                       help="at most N slots (1-10000), from --starts-at or now; each runs or is a recorded "
+                            "gap" + ("; 0 to clear" if not required else ""))
     group.add_argument("--anchor", metavar="TIMESTAMP",
                        help="with --every: the instant slots are counted from (default: when it was added)")
     group.add_argument("--jitter", type=parse_duration, metavar="DURATION",
@@ -379,6 +436,13 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def _count(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -15,13 +15,14 @@ SCHEDULE = """
 SELECT s.id, s.project_id, s.function_name, s.cron_expression, s.every, s.anchor, s.jitter, s.timezone,
        s.args,
        CASE WHEN s.deleted_at IS NOT NULL THEN 'deleted' WHEN s.paused_at IS NOT NULL THEN 'paused'
-            WHEN s.enabled THEN 'enabled' ELSE 'disabled' END
+            WHEN NOT s.enabled THEN 'disabled' WHEN s.ended_at IS NOT NULL THEN 'ended' ELSE 'enabled' END
            AS state,
        s.next_run_at, st.next_fire_at, s.last_run_at, s.last_status, s.last_error, s.max_attempts,
        s.retry_backoff, s.retry_backoff_max, s.timeout, s.misfire_grace, s.catchup, s.overlap,
        coalesce(st.consecutive_failures, 0) AS consecutive_failures, st.current_run_status,
        st.current_attempt, coalesce(st.open_runs, 0) AS open_runs, st.next_retry_at,
-       st.overdue_by, s.paused_at, s.paused_by, s.paused_reason, s.created_at, s.updated_at, s.deleted_at
+       st.overdue_by, s.paused_at, s.paused_by, s.paused_reason, s.created_at, s.updated_at, s.deleted_at,
+       s.run_at, s.starts_at, s.ends_at, s.max_runs, s.ended_at, s.ended_reason
 FROM dispatch.schedules s
 LEFT JOIN dispatch.schedule_status st ON st.id = s.id
 """

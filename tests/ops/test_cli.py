@@ -443,6 +443,42 @@ def test_interval_and_jitter(cli: Callable[..., Result], db: psycopg.Connection)
     assert "paused by postgres: quota" in state and "*/5 * * * *" in state
 
 
+def test_one_shot_and_bounded_schedules(cli: Callable[..., Result], db: psycopg.Connection) -> None:
+    # a one-shot given as a wall-clock time in its zone: PostgreSQL reads it there
+    once = _add(cli, "--function", "launch", "--at", "2099-03-01T09:00", "--timezone", "Europe/Berlin")
+    schedule = once["schedule"]
+    assert isinstance(schedule, dict)
+    assert schedule["run_at"] == "2099-03-01T08:00:00+00:00" and schedule["next_run_at"] == schedule["run_at"]
+    assert [fire["at"] for fire in once["next_fire_times"]] == [schedule["run_at"]]  # type: ignore[union-attr]
+    sid = schedule["id"]
+    assert "once at 2099-03-01" in cli("schedules", "list").out
+    shown = cli("schedules", "show", sid).out
+    assert "once at:" in shown and "next 1 slots in Europe/Berlin" not in shown
+
+    # bounds on a repeating rule, in the schedule's zone unless given an offset
+    bounded = _add(cli, "--function", "trial", "--cron", "0 9 * * *", "--timezone", "Asia/Kolkata",
+                   "--starts-at", "2099-01-01", "--ends-at", "2099-01-03T09:00Z",
+                   "--max-runs", "5")["schedule"]
+    assert isinstance(bounded, dict)
+    assert (bounded["starts_at"], bounded["ends_at"], bounded["max_runs"]) == (
+        "2098-12-31T18:30:00+00:00", "2099-01-03T09:00:00+00:00", 5)
+    line = next(x for x in cli("schedules", "list").out.splitlines() if x.startswith(bounded["id"]))
+    assert "0 9 * * *, 5 slots, until 2099-01-03" in line, line
+    preview = cli("schedules", "show", bounded["id"], "--json").json["next_fire_times"]
+    assert [fire["at"][:10] for fire in preview] == ["2099-01-01", "2099-01-02", "2099-01-03"]  # then it ends
+
+    # ended by an edit: its end at a moment past
+    ended = cli("schedules", "update", bounded["id"], "--starts-at", "none", "--max-runs", "0",
+                "--ends-at", "2020-01-01T00:00Z", "--json").json["schedule"]
+    assert ended["state"] == "ended" and ended["next_run_at"] is None
+    assert ended["ended_reason"].startswith("its slots up to ends_at 2020-01-01")
+    listed = cli("schedules", "list").out.splitlines()
+    assert "ended" in next(x for x in listed if x.startswith(bounded["id"]))
+    # and back: the end cleared
+    back = cli("schedules", "update", bounded["id"], "--ends-at", "none", "--json").json["schedule"]
+    assert back["state"] == "enabled" and back["ended_at"] is None and back["next_run_at"] is not None
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -454,7 +490,16 @@ def test_interval_and_jitter(cli: Callable[..., Result], db: psycopg.Connection)
          "argument --every: 'soonish' is not a duration"),
         (["add", "--project", "acme", "--function", "f", "--every", "10s", "--jitter", "1m"],
          "jitter (00:01:00) must not exceed the shortest time between two slots (00:00:10)"),
-        (["add", "--project", "acme", "--function", "f"], "one of the arguments --cron --every is required"),
+        (["add", "--project", "acme", "--function", "f"],
+         "one of the arguments --cron --every --at is required"),
+        (["add", "--project", "acme", "--function", "f", "--at", "2020-01-01T00:00Z"],
+         "run_at 2020-01-01 00:00:00+00 is in the past (run_at = now() fires it at once.)"),
+        (["add", "--project", "acme", "--function", "f", "--at", "next tuesday"],
+         "--at 'next tuesday' is not an ISO 8601 timestamp"),
+        (["add", "--project", "acme", "--function", "f", "--at", "2099-01-01T09:00", "--timezone",
+          "Mars/Base"], "Mars/Base"),
+        (["add", "--project", "acme", "--function", "f", "--cron", "* * * * *", "--max-runs", "0"],
+         "argument --max-runs: must be at least 1"),
         (["update", "{unknown}", "--every", "1m"], "no schedule {unknown}"),
         (["show", "{unknown}"], "no schedule {unknown}"),
         (["pause", "{unknown}"], "no schedule {unknown}"),
