@@ -465,6 +465,8 @@ BEGIN
                        'window', st.breaker_window, 'error', counted.last_error,
                        'nextProbeAt', (SELECT b.next_probe_at FROM dispatch.breakers b
                                        WHERE b.project_id = f.project_id AND b.function_name = f.function_name)));
+            PERFORM dispatch._event('breaker.opened', f.project_id, jsonb_build_object(
+                        'functionName', f.function_name, 'failures', counted.failures, 'error', counted.last_error));
         END IF;
         -- an open breaker whose probe failed: the next probe goes a spacing after this failure
         -- at the earliest (so a probe reaches the function a spacing after the previous one's
@@ -539,6 +541,7 @@ CREATE TABLE dispatch.schedules (
     max_runs integer,
     ended_at timestamp with time zone,
     ended_reason text,
+    pause_after_failures integer,
     CONSTRAINT schedules_anchor_check CHECK (((anchor IS NULL) = (every IS NULL))),
     CONSTRAINT schedules_args_check CHECK ((jsonb_typeof(args) = 'object'::text)),
     CONSTRAINT schedules_backoff_check CHECK (((backoff_reason IS NULL) OR (next_run_at IS NOT NULL))),
@@ -553,6 +556,7 @@ CREATE TABLE dispatch.schedules (
     CONSTRAINT schedules_next_run_at_after_last_slot_check CHECK ((next_run_at > last_slot)),
     CONSTRAINT schedules_next_run_at_live_check CHECK (((next_run_at IS NOT NULL) = (enabled AND (deleted_at IS NULL) AND (paused_at IS NULL) AND (ended_at IS NULL)))),
     CONSTRAINT schedules_overlap_check CHECK ((overlap = ANY (ARRAY['skip'::text, 'buffer_one'::text, 'allow'::text]))),
+    CONSTRAINT schedules_pause_after_failures_check CHECK (((pause_after_failures >= 1) AND (pause_after_failures <= 1000))),
     CONSTRAINT schedules_paused_check CHECK (((paused_at IS NOT NULL) OR ((paused_by IS NULL) AND (paused_reason IS NULL)))),
     CONSTRAINT schedules_paused_reason_length_check CHECK ((length(paused_reason) <= 500)),
     CONSTRAINT schedules_project_id_check CHECK ((((length(project_id) >= 1) AND (length(project_id) <= 200)) AND (project_id !~ '[[:space:][:cntrl:]/]'::text) AND (project_id <> ALL (ARRAY['.'::text, '..'::text])))),
@@ -796,6 +800,13 @@ COMMENT ON COLUMN dispatch.schedules.ended_reason IS 'Why the schedule ended: wh
 
 
 --
+-- Name: COLUMN schedules.pause_after_failures; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.pause_after_failures IS 'After this many runs in a row end error or lost (counted since the schedule was last written, a resume included), the schedule pauses itself, paused_by pgdispatch, with a reason naming the runs. NULL: never.';
+
+
+--
 -- Name: _check_bounds(dispatch.schedules, dispatch.schedules); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -871,6 +882,9 @@ BEGIN
         hint := 'Say how far back missed slots are run, e.g. misfire_grace = ''6 hours'': after a long outage every slot would run otherwise.';
     ELSIF s.overlap IS NULL OR s.overlap NOT IN ('skip', 'buffer_one', 'allow') THEN
         problem := format('overlap must be skip, buffer_one or allow, not %s', coalesce(quote_literal(s.overlap), 'NULL'));
+    ELSIF s.pause_after_failures NOT BETWEEN 1 AND 1000 THEN
+        problem := format('pause_after_failures must be between 1 and 1000, not %s', s.pause_after_failures);
+        hint := 'NULL: the schedule never pauses itself.';
     ELSIF s.jitter IS NULL OR s.jitter < interval '0' OR s.jitter > interval '1 day' THEN
         problem := format('jitter must be between 0 and 1 day, not %s', coalesce(s.jitter::text, 'NULL'));
         hint := 'Each slot fires at a fixed offset in [0, jitter) after it; 0 fires on the slot.';
@@ -1169,6 +1183,9 @@ BEGIN
                     'functionName', was.function_name, 'reason', _close_breaker.reason, 'openedAt', was.opened_at,
                     'openFor', now() - was.opened_at, 'probes', was.probes,
                     'runId', (SELECT min(x) FROM unnest(_close_breaker.run_ids) x))));
+        PERFORM dispatch._event('breaker.closed', was.project_id, jsonb_build_object(
+                    'functionName', was.function_name, 'reason', _close_breaker.reason,
+                    'openedAt', was.opened_at, 'probes', was.probes));
     END IF;
     -- after a reset or a close, whatever waited goes (held runs of a breaker that only counted
     -- failures are none)
@@ -1622,6 +1639,27 @@ $$;
 
 
 --
+-- Name: _event(text, text, jsonb); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._event(event text, project_id text, body jsonb) RETURNS void
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT pg_notify('dispatch_events',
+                     (jsonb_build_object('event', event, 'at', clock_timestamp(), 'projectId', project_id)
+                      || jsonb_strip_nulls(body))::text)
+$$;
+
+
+--
+-- Name: FUNCTION _event(event text, project_id text, body jsonb); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch._event(event text, project_id text, body jsonb) IS 'NOTIFY dispatch_events with one event as a JSON object: event, at, projectId and body''s fields (those not NULL).';
+
+
+--
 -- Name: _every_index(dispatch.cron_spec, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -1821,6 +1859,9 @@ BEGIN
     JOIN unnest(_finish_runs.finished) f ON f.id = a.run_id;
     IF follow_ups IS NOT NULL THEN
         PERFORM dispatch._follow_up(follow_ups);
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(_finish_runs.finished) f WHERE f.status IN ('error', 'lost')) THEN
+        PERFORM dispatch._runs_failed(_finish_runs.finished);
     END IF;
     RETURN QUERY SELECT * FROM unnest(ids, advances);
 END
@@ -2566,6 +2607,61 @@ $$;
 
 
 --
+-- Name: _runs_failed(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._runs_failed(finished dispatch.runs[]) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    s record;
+    last_runs bigint[];
+    all_failed boolean;
+BEGIN
+    PERFORM dispatch._event('run.failed', f.project_id, jsonb_build_object(
+                'runId', f.id, 'scheduleId', f.schedule_id, 'functionName', x.function_name,
+                'status', f.status, 'error', f.error, 'attempt', f.attempt - f.released,
+                'requestId', f.request_id, 'scheduledFor', f.scheduled_for, 'kind', f.kind))
+    FROM unnest(finished) f
+    JOIN dispatch.schedules x ON x.id = f.schedule_id
+    WHERE f.status IN ('error', 'lost');
+
+    FOR s IN SELECT DISTINCT x.id, x.project_id, x.function_name, x.pause_after_failures, x.updated_at
+             FROM unnest(finished) f
+             JOIN dispatch.schedules x ON x.id = f.schedule_id
+             WHERE f.status IN ('error', 'lost') AND x.pause_after_failures IS NOT NULL
+               AND x.paused_at IS NULL AND x.deleted_at IS NULL
+    LOOP
+        SELECT array_agg(r.id ORDER BY r.scheduled_for, r.id), bool_and(r.status <> 'ok')
+        INTO last_runs, all_failed
+        FROM (SELECT r.id, r.status, r.scheduled_for FROM dispatch.runs r
+              WHERE r.schedule_id = s.id AND r.status IN ('ok', 'error', 'lost') AND r.finished_at >= s.updated_at
+              ORDER BY r.scheduled_for DESC, r.id DESC
+              LIMIT s.pause_after_failures) r;
+        IF cardinality(last_runs) = s.pause_after_failures AND all_failed THEN
+            UPDATE dispatch.schedules
+            SET paused_at = now(), paused_by = 'pgdispatch',
+                paused_reason = left(format('paused itself: its last %s runs failed (runs %s); dispatch.resume() starts the count again',
+                                            s.pause_after_failures, array_to_string(last_runs, ', ')), 500)
+            WHERE id = s.id;
+            PERFORM dispatch._event('schedule.paused', s.project_id, jsonb_build_object(
+                        'scheduleId', s.id, 'functionName', s.function_name, 'failedRuns', to_jsonb(last_runs),
+                        'pauseAfterFailures', s.pause_after_failures));
+        END IF;
+    END LOOP;
+END
+$$;
+
+
+--
+-- Name: FUNCTION _runs_failed(finished dispatch.runs[]); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch._runs_failed(finished dispatch.runs[]) IS 'For runs just finished: a run.failed event (dispatch_events) for each that ended error or lost, and the self-pause of each of their schedules whose last pause_after_failures runs since it was last written all failed.';
+
+
+--
 -- Name: _schedule_audit(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -2593,11 +2689,13 @@ BEGIN
         WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled',
                         'deleted_at', 'max_attempts', 'retry_backoff', 'retry_backoff_max', 'timeout',
                         'misfire_grace', 'catchup', 'overlap', 'every', 'anchor', 'jitter', 'run_at',
-                        'starts_at', 'ends_at', 'max_runs')
+                        'starts_at', 'ends_at', 'max_runs', 'pause_after_failures')
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
-    VALUES (session_user, NEW.project_id, action,
+    -- (a schedule that paused itself: no one's action)
+    VALUES (CASE WHEN action = 'schedule.pause' AND NEW.paused_by = 'pgdispatch' THEN NULL ELSE session_user END,
+            NEW.project_id, action,
             jsonb_strip_nulls(jsonb_build_object(
                 'scheduleId', NEW.id,
                 'functionName', NEW.function_name,
@@ -2771,10 +2869,12 @@ CREATE FUNCTION dispatch._schedule_end_pending() RETURNS trigger
 BEGIN
     -- Waits for a claim in progress on one of them: a run claimed before this change commits
     -- stays claimed (and is invoked); every other pending run ends here. (A schedule that stops
-    -- names its stop itself; OLD names the stop that a schedule live again leaves.)
+    -- names its stop itself; OLD names the stop that a schedule live again leaves.) Not when it
+    -- pauses itself in a completion or a tick, which wait on no one (invariant 3): a run held
+    -- then is ended by the next claim, as a stopped schedule's.
     PERFORM dispatch._end_stale_runs(
         ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.schedule_id = NEW.id AND r.status = 'pending'),
-        wait => true, stopped => dispatch._stopped_as(OLD));
+        wait => NEW.paused_by IS DISTINCT FROM 'pgdispatch', stopped => dispatch._stopped_as(OLD));
     RETURN NULL;
 END
 $$;
@@ -5744,7 +5844,8 @@ CREATE VIEW dispatch.schedule_status AS
     s.ends_at,
     s.max_runs,
     s.ended_at,
-    s.ended_reason
+    s.ended_reason,
+    s.pause_after_failures
    FROM ((dispatch.schedules s
      LEFT JOIN LATERAL ( SELECT count(*) AS runs,
             (array_agg(r.status ORDER BY r.scheduled_for, r.id))[1] AS status,
@@ -5765,7 +5866,7 @@ CREATE VIEW dispatch.schedule_status AS
 -- Name: VIEW schedule_status; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON VIEW dispatch.schedule_status IS 'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), its run policies, its interval (every, anchor) when it has no cron_expression, its jitter, the instant its next slot fires at (next_fire_at: next_run_at plus the jitter offset), its bounds (run_at for a one-shot; starts_at, ends_at, max_runs), and when and why it ended (ended_at, ended_reason: its last slot is past; live is then false).';
+COMMENT ON VIEW dispatch.schedule_status IS 'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), its run policies, its interval (every, anchor) when it has no cron_expression, its jitter, the instant its next slot fires at (next_fire_at: next_run_at plus the jitter offset), its bounds (run_at for a one-shot; starts_at, ends_at, max_runs), when and why it ended (ended_at, ended_reason: its last slot is past; live is then false), and after how many failed runs in a row it pauses itself (pause_after_failures).';
 
 
 --
@@ -6073,7 +6174,7 @@ CREATE TRIGGER _100_validate_insert BEFORE INSERT ON dispatch.schedules FOR EACH
 -- Name: schedules _100_validate_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
+CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs, pause_after_failures ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
 
 
 --
@@ -6129,7 +6230,7 @@ CREATE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules FOR EACH ROW
 -- Name: schedules _800_audit_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts) OR (old.retry_backoff IS DISTINCT FROM new.retry_backoff) OR (old.retry_backoff_max IS DISTINCT FROM new.retry_backoff_max) OR (old.timeout IS DISTINCT FROM new.timeout) OR (old.misfire_grace IS DISTINCT FROM new.misfire_grace) OR (old.catchup IS DISTINCT FROM new.catchup) OR (old.overlap IS DISTINCT FROM new.overlap) OR (old.every IS DISTINCT FROM new.every) OR (old.anchor IS DISTINCT FROM new.anchor) OR (old.jitter IS DISTINCT FROM new.jitter) OR (old.run_at IS DISTINCT FROM new.run_at) OR (old.starts_at IS DISTINCT FROM new.starts_at) OR (old.ends_at IS DISTINCT FROM new.ends_at) OR (old.max_runs IS DISTINCT FROM new.max_runs))) EXECUTE FUNCTION dispatch._schedule_audit();
+CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs, pause_after_failures ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts) OR (old.retry_backoff IS DISTINCT FROM new.retry_backoff) OR (old.retry_backoff_max IS DISTINCT FROM new.retry_backoff_max) OR (old.timeout IS DISTINCT FROM new.timeout) OR (old.misfire_grace IS DISTINCT FROM new.misfire_grace) OR (old.catchup IS DISTINCT FROM new.catchup) OR (old.overlap IS DISTINCT FROM new.overlap) OR (old.every IS DISTINCT FROM new.every) OR (old.anchor IS DISTINCT FROM new.anchor) OR (old.jitter IS DISTINCT FROM new.jitter) OR (old.run_at IS DISTINCT FROM new.run_at) OR (old.starts_at IS DISTINCT FROM new.starts_at) OR (old.ends_at IS DISTINCT FROM new.ends_at) OR (old.max_runs IS DISTINCT FROM new.max_runs) OR (old.pause_after_failures IS DISTINCT FROM new.pause_after_failures))) EXECUTE FUNCTION dispatch._schedule_audit();
 
 
 --
@@ -6347,6 +6448,13 @@ GRANT INSERT(max_runs),UPDATE(max_runs) ON TABLE dispatch.schedules TO dispatch_
 
 
 --
+-- Name: COLUMN schedules.pause_after_failures; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(pause_after_failures),UPDATE(pause_after_failures) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
 -- Name: FUNCTION _check_bounds(s dispatch.schedules, was dispatch.schedules); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -6499,6 +6607,13 @@ REVOKE ALL ON FUNCTION dispatch._ended_reason(s dispatch.schedules) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch._ended_reason(s dispatch.schedules) TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch._ended_reason(s dispatch.schedules) TO dispatch_reader;
 GRANT ALL ON FUNCTION dispatch._ended_reason(s dispatch.schedules) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _event(event text, project_id text, body jsonb); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._event(event text, project_id text, body jsonb) FROM PUBLIC;
 
 
 --
@@ -6706,6 +6821,13 @@ REVOKE ALL ON FUNCTION dispatch._row_holder(locker xid, tbl regclass) FROM PUBLI
 --
 
 REVOKE ALL ON FUNCTION dispatch._run_fire_at() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _runs_failed(finished dispatch.runs[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._runs_failed(finished dispatch.runs[]) FROM PUBLIC;
 
 
 --

@@ -90,8 +90,10 @@ _POLICIES = [
                              "misfire grace, oldest first)"),
     ("--overlap", "overlap", "while a run is open: skip the slots that come due, buffer_one (one waits) "
                              "or allow (each runs at its time)"),
+    ("--pause-after-failures", "pause_after_failures",
+     "pause the schedule after this many runs in a row end error or lost (1-1000; default: never)"),
 ]
-_NULLABLE = {"timeout", "misfire_grace"}
+_NULLABLE = {"timeout", "misfire_grace", "pause_after_failures"}
 
 
 def _offset(value: timedelta) -> str:
@@ -164,7 +166,8 @@ def _print_details(details: dict[str, Any]) -> None:
               ("max_attempts", "max attempts"), ("retry_backoff", "retry back-off"),
               ("retry_backoff_max", "back-off at most"), ("timeout", "timeout"),
               ("misfire_grace", "misfire grace"),
-              ("catchup", "catch-up"), ("overlap", "overlap"), ("created_at", "created"),
+              ("catchup", "catch-up"), ("overlap", "overlap"),
+              ("pause_after_failures", "pause after"), ("created_at", "created"),
               ("updated_at", "updated"), ("deleted_at", "deleted")]
     optional = ("deleted_at", "overdue_by", "current_run_status", "current_attempt", "next_retry_at",
                 "paused_at", "paused_by", "paused_reason", "next_fire_at", "starts_at", "ends_at", "max_runs",
@@ -179,8 +182,12 @@ def _print_details(details: dict[str, Any]) -> None:
             continue
         if key == "open_runs" and schedule[key] < 2:
             continue
+        if key == "pause_after_failures" and schedule[key] is not None:
+            print(f"{label + ':':<19}{schedule[key]} failed runs in a row")
+            continue
         if key in _NULLABLE and schedule[key] is None:
-            print(f"{label + ':':<19}" + ("the listener's" if key == "timeout" else "no limit"))
+            print(f"{label + ':':<19}" + {"timeout": "the listener's", "pause_after_failures": "never"}.get(
+                key, "no limit"))
             continue
         print(f"{label + ':':<19}{format_value(schedule[key])}")
     if details["next_fire_times"]:
@@ -352,6 +359,9 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, column, text in _POLICIES:
         if column == "max_attempts":
             group.add_argument(flag, dest=column, type=_positive, default=None, help=text)
+        elif column == "pause_after_failures":
+            group.add_argument(flag, dest=column, metavar="N", default=None,
+                               help=text + ("; none to clear" if column in _NULLABLE else ""))
         elif column in ("catchup", "overlap"):
             choices = ("latest", "all") if column == "catchup" else ("skip", "buffer_one", "allow")
             group.add_argument(flag, dest=column, choices=choices, default=None, help=text)

@@ -45,6 +45,9 @@ BEGIN
         hint := 'Say how far back missed slots are run, e.g. misfire_grace = ''6 hours'': after a long outage every slot would run otherwise.';
     ELSIF s.overlap IS NULL OR s.overlap NOT IN ('skip', 'buffer_one', 'allow') THEN
         problem := format('overlap must be skip, buffer_one or allow, not %s', coalesce(quote_literal(s.overlap), 'NULL'));
+    ELSIF s.pause_after_failures NOT BETWEEN 1 AND 1000 THEN
+        problem := format('pause_after_failures must be between 1 and 1000, not %s', s.pause_after_failures);
+        hint := 'NULL: the schedule never pauses itself.';
     ELSIF s.jitter IS NULL OR s.jitter < interval '0' OR s.jitter > interval '1 day' THEN
         problem := format('jitter must be between 0 and 1 day, not %s', coalesce(s.jitter::text, 'NULL'));
         hint := 'Each slot fires at a fixed offset in [0, jitter) after it; 0 fires on the slot.';
@@ -325,7 +328,7 @@ CREATE OR REPLACE TRIGGER _100_validate_update
     BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at,
                      paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout,
                      misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at,
-                     max_runs
+                     max_runs, pause_after_failures
     ON dispatch.schedules
     FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
 
@@ -364,10 +367,12 @@ AS $$
 BEGIN
     -- Waits for a claim in progress on one of them: a run claimed before this change commits
     -- stays claimed (and is invoked); every other pending run ends here. (A schedule that stops
-    -- names its stop itself; OLD names the stop that a schedule live again leaves.)
+    -- names its stop itself; OLD names the stop that a schedule live again leaves.) Not when it
+    -- pauses itself in a completion or a tick, which wait on no one (invariant 3): a run held
+    -- then is ended by the next claim, as a stopped schedule's.
     PERFORM dispatch._end_stale_runs(
         ARRAY(SELECT r.id FROM dispatch.runs r WHERE r.schedule_id = NEW.id AND r.status = 'pending'),
-        wait => true, stopped => dispatch._stopped_as(OLD));
+        wait => NEW.paused_by IS DISTINCT FROM 'pgdispatch', stopped => dispatch._stopped_as(OLD));
     RETURN NULL;
 END
 $$;
@@ -449,11 +454,13 @@ BEGIN
         WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled',
                         'deleted_at', 'max_attempts', 'retry_backoff', 'retry_backoff_max', 'timeout',
                         'misfire_grace', 'catchup', 'overlap', 'every', 'anchor', 'jitter', 'run_at',
-                        'starts_at', 'ends_at', 'max_runs')
+                        'starts_at', 'ends_at', 'max_runs', 'pause_after_failures')
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
-    VALUES (session_user, NEW.project_id, action,
+    -- (a schedule that paused itself: no one's action)
+    VALUES (CASE WHEN action = 'schedule.pause' AND NEW.paused_by = 'pgdispatch' THEN NULL ELSE session_user END,
+            NEW.project_id, action,
             jsonb_strip_nulls(jsonb_build_object(
                 'scheduleId', NEW.id,
                 'functionName', NEW.function_name,
@@ -498,7 +505,8 @@ CREATE OR REPLACE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules
 CREATE OR REPLACE TRIGGER _800_audit_update
     AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at,
                     paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace,
-                    catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs
+                    catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs,
+                    pause_after_failures
     ON dispatch.schedules
     FOR EACH ROW
     WHEN (OLD.project_id IS DISTINCT FROM NEW.project_id
@@ -522,7 +530,8 @@ CREATE OR REPLACE TRIGGER _800_audit_update
           OR OLD.run_at IS DISTINCT FROM NEW.run_at
           OR OLD.starts_at IS DISTINCT FROM NEW.starts_at
           OR OLD.ends_at IS DISTINCT FROM NEW.ends_at
-          OR OLD.max_runs IS DISTINCT FROM NEW.max_runs)
+          OR OLD.max_runs IS DISTINCT FROM NEW.max_runs
+          OR OLD.pause_after_failures IS DISTINCT FROM NEW.pause_after_failures)
     EXECUTE FUNCTION dispatch._schedule_audit();
 
 -- Listeners keep a timer on the earliest next_run_at: a definition change may move it.

@@ -7,6 +7,8 @@
 --                       + _follow_up    what the run policies start when a run ends: the run
 --                                       buffered behind it (overlap buffer_one), the next
 --                                       missed slot (catchup all)
+--                       + _runs_failed  an event for each failed run, and the schedules that
+--                                       pause themselves after failing (pause_after_failures)
 --
 -- Every caller already holds the row locks of the runs' schedules (taken with SKIP LOCKED, or by
 -- the caller's own UPDATE of the schedule), so nothing here waits on another transaction.
@@ -303,6 +305,9 @@ BEGIN
     JOIN unnest(_finish_runs.finished) f ON f.id = a.run_id;
     IF follow_ups IS NOT NULL THEN
         PERFORM dispatch._follow_up(follow_ups);
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(_finish_runs.finished) f WHERE f.status IN ('error', 'lost')) THEN
+        PERFORM dispatch._runs_failed(_finish_runs.finished);
     END IF;
     RETURN QUERY SELECT * FROM unnest(ids, advances);
 END

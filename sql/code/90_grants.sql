@@ -109,11 +109,11 @@ END
 $$;
 GRANT INSERT (id, project_id, function_name, cron_expression, timezone, args, enabled, max_attempts, retry_backoff,
               retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at,
-              ends_at, max_runs)
+              ends_at, max_runs, pause_after_failures)
     ON dispatch.schedules TO dispatch_admin;
 GRANT UPDATE (project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, max_attempts,
               retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter,
-              run_at, starts_at, ends_at, max_runs)
+              run_at, starts_at, ends_at, max_runs, pause_after_failures)
     ON dispatch.schedules TO dispatch_admin;
 -- (the write trigger runs as the writer: an edit that leaves no slot ends the schedule, audited)
 GRANT EXECUTE ON FUNCTION dispatch._end_schedule(dispatch.schedules, text) TO dispatch_admin;

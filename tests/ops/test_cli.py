@@ -224,21 +224,23 @@ def test_schedules_add_and_update_take_the_run_policies(
 ) -> None:
     added = _add(cli, "--function", "export", "--cron", "*/15 * * * *", "--max-attempts", "5",
                  "--retry-backoff", "30 seconds", "--timeout", "2 min", "--misfire-grace", "1 hour",
-                 "--catchup", "all", "--overlap", "buffer_one")["schedule"]
+                 "--catchup", "all", "--overlap", "buffer_one", "--pause-after-failures", "4")["schedule"]
     assert isinstance(added, dict)
     sid = added["id"]
     policies = ("max_attempts", "retry_backoff", "retry_backoff_max", "timeout", "misfire_grace", "catchup",
-                "overlap")
-    assert [added[k] for k in policies] == [5, 30.0, 300.0, 120.0, 3600.0, "all", "buffer_one"]
+                "overlap", "pause_after_failures")
+    assert [added[k] for k in policies] == [5, 30.0, 300.0, 120.0, 3600.0, "all", "buffer_one", 4]
 
     updated = cli("schedules", "update", sid, "--catchup", "latest", "--misfire-grace", "none",
-                  "--overlap", "allow", "--json")
+                  "--overlap", "allow", "--pause-after-failures", "none", "--json")
     assert updated.code == 0, updated.err
     schedule = updated.json["schedule"]
-    assert (schedule["catchup"], schedule["misfire_grace"], schedule["overlap"]) == ("latest", None, "allow")
+    assert (schedule["catchup"], schedule["misfire_grace"], schedule["overlap"],
+            schedule["pause_after_failures"]) == ("latest", None, "allow", None)
     changed = db.execute("SELECT metadata->'changed' FROM dispatch.audit_log WHERE action = 'schedule.update'"
                          ).fetchone()
-    assert changed == ({"catchup": "latest", "misfire_grace": None, "overlap": "allow"},)
+    assert changed == ({"catchup": "latest", "misfire_grace": None, "overlap": "allow",
+                        "pause_after_failures": None},)
 
     refused = {
         ("--timeout", "2 hours"): "timeout must be more than 0 and at most 1 hour, not 02:00:00",
@@ -246,6 +248,7 @@ def test_schedules_add_and_update_take_the_run_policies(
         ("--retry-backoff", "1 hour"):
             "retry_backoff (01:00:00) must not exceed retry_backoff_max (00:05:00)",
         ("--misfire-grace", "soon"): 'invalid input syntax for type interval: "soon"',
+        ("--pause-after-failures", "0"): "pause_after_failures must be between 1 and 1000, not 0",
     }
     for flags, message in refused.items():
         done = cli("schedules", "update", sid, *flags)
@@ -255,7 +258,8 @@ def test_schedules_add_and_update_take_the_run_policies(
 
     shown = cli("schedules", "show", sid).out
     for line in ("max attempts:      5", "retry back-off:    0:00:30", "timeout:           0:02:00",
-                 "misfire grace:     no limit", "catch-up:          latest", "overlap:           allow"):
+                 "misfire grace:     no limit", "catch-up:          latest", "overlap:           allow",
+                 "pause after:       never"):
         assert line in shown, shown
 
 
