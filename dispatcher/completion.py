@@ -89,6 +89,9 @@ def _fields(run: Run, outcome: Outcome) -> dict[str, object]:
         "project_id": run.project_id,
         "function_name": run.function_name,
         "attempt": run.attempt,
+        # traceparent: 00-<trace id>-<span id>-<flags>
+        "trace_id": run.traceparent[3:35] if run.traceparent else None,
+        "span_id": run.traceparent[36:52] if run.traceparent else None,
         "status": outcome.status,
         "http_status": outcome.http_status,
         "duration_ms": outcome.duration_ms,

@@ -592,7 +592,8 @@ class Database:
                             scheduled_for=scheduled_for, attempt=attempt, lease_until=lease_until,
                             lease_deadline=started + lease_s + run_timeout_s - timeout_s,
                             timeout_s=run_timeout_s, fire_at=fire_at,
-                            kind=row[11] if len(row) > 11 else None))
+                            kind=row[11] if len(row) > 11 else None,
+                            traceparent=row[12] if len(row) > 12 else None))
         return runs
 
     def _complete_params(self, run: Run, outcome: Outcome) -> tuple[Any, ...]:

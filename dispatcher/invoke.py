@@ -110,6 +110,8 @@ def build_request(run: Run, *, url_template: str, secret: bytes | None, now: flo
         "X-Request-Id": run.request_id,
         "Idempotency-Key": run.request_id,
     }
+    if run.traceparent is not None:
+        headers["traceparent"] = run.traceparent
     if secret is not None:
         more = () if second_secret is None else (second_secret,)
         headers[SIGNATURE_HEADER] = sign(secret, body, int(time.time() if now is None else now), *more)

@@ -83,11 +83,15 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \set version 23
 \set name 0023_failure_handling
 \ir apply_migration.psql
+\set version 24
+\set name 0024_trace_context
+\ir apply_migration.psql
 \ir code/10_cron_engine.sql
 \ir code/15_schema_version.sql
 \ir code/20_timezones.sql
 \ir code/30_schedules.sql
 \ir code/35_runs.sql
+\ir code/36_traces.sql
 \ir code/37_gaps.sql
 \ir code/38_events.sql
 \ir code/39_breakers.sql

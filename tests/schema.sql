@@ -89,6 +89,7 @@ CREATE TABLE dispatch.runs (
     released integer DEFAULT 0 NOT NULL,
     project_id text NOT NULL,
     held_by_breaker boolean DEFAULT false NOT NULL,
+    traceparent text,
     CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT runs_error_length_check CHECK ((length(error) <= 500)),
     CONSTRAINT runs_finished_at_check CHECK (((status = ANY (ARRAY['pending'::text, 'running'::text])) = (finished_at IS NULL))),
@@ -205,6 +206,13 @@ COMMENT ON COLUMN dispatch.runs.project_id IS 'The schedule''s project_id when t
 --
 
 COMMENT ON COLUMN dispatch.runs.held_by_breaker IS 'Pending because its function''s breaker is open (set by claim_runs, cleared when it is claimed or the breaker closes).';
+
+
+--
+-- Name: COLUMN runs.traceparent; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.runs.traceparent IS 'The W3C traceparent the run continues (given to dispatch.run_now, or the schedule''s when it was first claimed); NULL: a trace of its own. Each attempt''s own: dispatch.run_trace(id).';
 
 
 --
@@ -542,6 +550,7 @@ CREATE TABLE dispatch.schedules (
     ended_at timestamp with time zone,
     ended_reason text,
     pause_after_failures integer,
+    traceparent text,
     CONSTRAINT schedules_anchor_check CHECK (((anchor IS NULL) = (every IS NULL))),
     CONSTRAINT schedules_args_check CHECK ((jsonb_typeof(args) = 'object'::text)),
     CONSTRAINT schedules_backoff_check CHECK (((backoff_reason IS NULL) OR (next_run_at IS NOT NULL))),
@@ -563,7 +572,8 @@ CREATE TABLE dispatch.schedules (
     CONSTRAINT schedules_retry_backoff_check CHECK (((retry_backoff > '00:00:00'::interval) AND (retry_backoff <= retry_backoff_max))),
     CONSTRAINT schedules_retry_backoff_max_check CHECK ((retry_backoff_max <= '1 day'::interval)),
     CONSTRAINT schedules_slot_rule_check CHECK ((num_nonnulls(cron_expression, every, run_at) = 1)),
-    CONSTRAINT schedules_timeout_check CHECK (((timeout > '00:00:00'::interval) AND (timeout <= '01:00:00'::interval)))
+    CONSTRAINT schedules_timeout_check CHECK (((timeout > '00:00:00'::interval) AND (timeout <= '01:00:00'::interval))),
+    CONSTRAINT schedules_traceparent_check CHECK ((traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text))
 )
 WITH (fillfactor='60');
 
@@ -807,6 +817,13 @@ COMMENT ON COLUMN dispatch.schedules.pause_after_failures IS 'After this many ru
 
 
 --
+-- Name: COLUMN schedules.traceparent; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.traceparent IS 'A W3C traceparent that the schedule''s runs continue: their trace id is its trace id, and each attempt''s span a child of its span. NULL: each run is a trace of its own.';
+
+
+--
 -- Name: _check_bounds(dispatch.schedules, dispatch.schedules); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -896,6 +913,26 @@ BEGIN
     END IF;
 END
 $$;
+
+
+--
+-- Name: _check_traceparent(text, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._check_traceparent(value text, field text) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+BEGIN
+    IF value IS NOT NULL AND (value !~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+                              OR substr(value, 4, 32) = repeat('0', 32) OR substr(value, 37, 16) = repeat('0', 16)) THEN
+        RAISE EXCEPTION '% % is not a W3C traceparent', field, quote_literal(left(value, 80))
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Version 00, lowercase: 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, neither id all zeros, e.g. 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01.';
+    END IF;
+    RETURN value;
+END
+$_$;
 
 
 --
@@ -2689,7 +2726,7 @@ BEGIN
         WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled',
                         'deleted_at', 'max_attempts', 'retry_backoff', 'retry_backoff_max', 'timeout',
                         'misfire_grace', 'catchup', 'overlap', 'every', 'anchor', 'jitter', 'run_at',
-                        'starts_at', 'ends_at', 'max_runs', 'pause_after_failures')
+                        'starts_at', 'ends_at', 'max_runs', 'pause_after_failures', 'traceparent')
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -2800,6 +2837,9 @@ BEGIN
                                        NEW.starts_at, NEW.ends_at, NEW.max_runs, NEW.timezone) END;
     END IF;
     PERFORM dispatch._check_policies(NEW);
+    IF TG_OP = 'INSERT' OR NEW.traceparent IS DISTINCT FROM OLD.traceparent THEN
+        PERFORM dispatch._check_traceparent(NEW.traceparent, 'traceparent');
+    END IF;
     -- One jitter rule for both kinds of slots: a slot never fires after the next one is due.
     IF NEW.jitter > interval '0'
        AND (TG_OP = 'INSERT' OR NEW.jitter IS DISTINCT FROM OLD.jitter OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec)
@@ -3158,7 +3198,7 @@ $$;
 -- Name: _start_runs(tid[], text, interval, interval); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._start_runs(tids tid[], worker text, lease interval, default_timeout interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone, timeout interval, fire_at timestamp with time zone, kind text)
+CREATE FUNCTION dispatch._start_runs(tids tid[], worker text, lease interval, default_timeout interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone, timeout interval, fire_at timestamp with time zone, kind text, traceparent text)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_indexscan TO 'off'
@@ -3177,7 +3217,8 @@ BEGIN
                       + coalesce(s.timeout - coalesce(_start_runs.default_timeout, interval '0'), interval '0'),
         not_before = NULL,
         held_by_breaker = false,
-        attempt = r.attempt + 1
+        attempt = r.attempt + 1,
+        traceparent = coalesce(r.traceparent, s.traceparent)  -- the schedule's, from the first claim on
     FROM dispatch.schedules s
     WHERE r.ctid = ANY (_start_runs.tids) AND s.id = r.schedule_id
       -- still live as this statement sees it: a stop that committed since the claim's pick
@@ -3185,7 +3226,8 @@ BEGIN
       AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
               r.request_id, r.scheduled_for, r.attempt, r.lease_until,
-              coalesce(s.timeout, _start_runs.default_timeout), r.fire_at, r.kind;
+              coalesce(s.timeout, _start_runs.default_timeout), r.fire_at, r.kind,
+              dispatch.traceparent(r.request_id, r.attempt, r.traceparent);
 END
 $$;
 
@@ -3606,7 +3648,7 @@ COMMENT ON FUNCTION dispatch.check_timezone(tz text) IS 'Return tz when it is a 
 -- Name: claim_runs(text, integer, interval, interval); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval DEFAULT '00:01:00'::interval, default_timeout interval DEFAULT NULL::interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone, timeout interval, fire_at timestamp with time zone, kind text)
+CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interval DEFAULT '00:01:00'::interval, default_timeout interval DEFAULT NULL::interval) RETURNS TABLE(run_id bigint, schedule_id uuid, project_id text, function_name text, args jsonb, request_id text, scheduled_for timestamp with time zone, attempt integer, lease_until timestamp with time zone, timeout interval, fire_at timestamp with time zone, kind text, traceparent text)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_hashjoin TO 'off'
@@ -5431,10 +5473,10 @@ COMMENT ON FUNCTION dispatch.resume(schedule_id uuid) IS 'Resume a paused schedu
 
 
 --
--- Name: run_now(uuid); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: run_now(uuid, text); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch.run_now(schedule_id uuid) RETURNS bigint
+CREATE FUNCTION dispatch.run_now(schedule_id uuid, traceparent text DEFAULT NULL::text) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -5446,6 +5488,7 @@ BEGIN
     -- it decides from the runs it sees once it holds the schedule (the tick's marking may have
     -- committed a run just before)
     PERFORM dispatch._require_read_committed('dispatch.run_now');
+    PERFORM dispatch._check_traceparent(run_now.traceparent, 'traceparent');
     -- A stopped schedule's runs are ended at the claim, never invoked: refuse rather than
     -- hand back a run id that can only end skipped.
     IF s.paused_at IS NOT NULL THEN
@@ -5482,9 +5525,10 @@ BEGIN
 
     -- Due at the instant of the call, with its own request id; the schedule's slots stay as
     -- they are (dispatch._advance_schedules leaves them to scheduled runs).
-    INSERT INTO dispatch.runs AS r (schedule_id, project_id, scheduled_for, fire_at, kind, not_before)
+    INSERT INTO dispatch.runs AS r (schedule_id, project_id, scheduled_for, fire_at, kind, not_before, traceparent)
     SELECT s.id, s.project_id, due.at, due.at, 'manual',
-           CASE WHEN s.overlap = 'buffer_one' AND open_run.id IS NOT NULL THEN timestamptz 'infinity' END
+           CASE WHEN s.overlap = 'buffer_one' AND open_run.id IS NOT NULL THEN timestamptz 'infinity' END,
+           run_now.traceparent
     FROM (SELECT clock_timestamp() AS at) due  -- one instant: a later fire_at would read as jitter
     RETURNING r.* INTO run;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -5497,10 +5541,34 @@ $$;
 
 
 --
--- Name: FUNCTION run_now(schedule_id uuid); Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: FUNCTION run_now(schedule_id uuid, traceparent text); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.run_now(schedule_id uuid) IS 'Invoke a schedule''s function now, outside its slots: inserts a pending run of kind manual, due at the instant of the call, with its own request_id, and NOTIFYs the listeners (dispatched within a second). next_run_at does not move; a slot that comes due while the manual run is open waits for it (overlap skip) and is marked as soon as it ends. Under overlap buffer_one with a run open, it waits behind that run (refused if a run already waits there). Refused (55000) for a deleted, paused or disabled schedule, and while a run is open under overlap skip; P0002 for an unknown id. Audited as schedule.run_now with the actor (session_user). Returns the run id.';
+COMMENT ON FUNCTION dispatch.run_now(schedule_id uuid, traceparent text) IS 'Invoke a schedule''s function now, outside its slots: inserts a pending run of kind manual, due at the instant of the call, with its own request_id, and NOTIFYs the listeners (dispatched within a second). next_run_at does not move; a slot that comes due while the manual run is open waits for it (overlap skip) and is marked as soon as it ends. Under overlap buffer_one with a run open, it waits behind that run (refused if a run already waits there). Refused (55000) for a deleted, paused or disabled schedule, and while a run is open under overlap skip; P0002 for an unknown id. Audited as schedule.run_now with the actor (session_user). Returns the run id. traceparent: a W3C traceparent the run''s invocations continue (22023 when it is not one).';
+
+
+--
+-- Name: run_trace(bigint); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.run_trace(run_id bigint) RETURNS TABLE(attempt integer, trace_id text, span_id text, parent_span_id text, traceparent text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT a, substr(t.tp, 4, 32), substr(t.tp, 37, 16), substr(r.traceparent, 37, 16), t.tp
+    FROM dispatch.runs r
+    CROSS JOIN generate_series(1, r.attempt) a
+    CROSS JOIN LATERAL (SELECT dispatch.traceparent(r.request_id, a, r.traceparent) AS tp) t
+    WHERE r.id = run_trace.run_id
+    ORDER BY a
+$$;
+
+
+--
+-- Name: FUNCTION run_trace(run_id bigint); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.run_trace(run_id bigint) IS 'The trace of a run: one row per attempt that was claimed (attempt is the fencing token), with its trace id (the same for all), its span id, the span it is a child of (when the run continues a given traceparent) and the traceparent header it was sent with. Read-only; granted to dispatch_reader.';
 
 
 --
@@ -5618,6 +5686,31 @@ $$;
 --
 
 COMMENT ON FUNCTION dispatch.tick_chunk(max_runs integer, OUT marked integer, OUT taken integer) IS 'Mark at most max_runs due slots now, of the schedules no run policy has to decide (on time, no run open, overlap skip or buffer_one), and NOTIFY dispatch when it marked any. Returns how many runs it marked and how many due schedules it took: taken = max_runs means more may be due; fewer, that every other due schedule is held by another tick or left to dispatch.tick() (a tick that committed while this one ran can have marked some of those it took: marked < taken). Listeners call it with growing sizes when a slot comes due, so that 100,000 schedules due at one instant are claimed from the first chunk on rather than after one long statement; then dispatch.tick() for the rest (policies, lease expiry). Never waits on a row another transaction holds.';
+
+
+--
+-- Name: traceparent(text, integer, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.traceparent(request_id text, attempt integer, parent text DEFAULT NULL::text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+    SELECT '00-'
+           || coalesce(substr(parent, 4, 32),
+                       CASE WHEN request_id ~ '^sched_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                            THEN replace(substr(request_id, 7), '-', '')
+                            ELSE left(encode(sha256(convert_to(request_id, 'UTF8')), 'hex'), 32) END)
+           || '-' || left(encode(sha256(convert_to(request_id || '/' || attempt, 'UTF8')), 'hex'), 16)
+           || '-' || coalesce(right(parent, 2), '01')
+$_$;
+
+
+--
+-- Name: FUNCTION traceparent(request_id text, attempt integer, parent text); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.traceparent(request_id text, attempt integer, parent text) IS 'The W3C traceparent header of attempt `attempt` of the run with this request id: trace id the request id''s UUID (or parent''s trace id), span id the first 16 hex digits of sha256(''<request id>/<attempt>''), flags parent''s or 01 (sampled).';
 
 
 --
@@ -5845,7 +5938,8 @@ CREATE VIEW dispatch.schedule_status AS
     s.max_runs,
     s.ended_at,
     s.ended_reason,
-    s.pause_after_failures
+    s.pause_after_failures,
+    s.traceparent
    FROM ((dispatch.schedules s
      LEFT JOIN LATERAL ( SELECT count(*) AS runs,
             (array_agg(r.status ORDER BY r.scheduled_for, r.id))[1] AS status,
@@ -5866,7 +5960,7 @@ CREATE VIEW dispatch.schedule_status AS
 -- Name: VIEW schedule_status; Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON VIEW dispatch.schedule_status IS 'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), its run policies, its interval (every, anchor) when it has no cron_expression, its jitter, the instant its next slot fires at (next_fire_at: next_run_at plus the jitter offset), its bounds (run_at for a one-shot; starts_at, ends_at, max_runs), when and why it ended (ended_at, ended_reason: its last slot is past; live is then false), and after how many failed runs in a row it pauses itself (pause_after_failures).';
+COMMENT ON VIEW dispatch.schedule_status IS 'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), its run policies, its interval (every, anchor) when it has no cron_expression, its jitter, the instant its next slot fires at (next_fire_at: next_run_at plus the jitter offset), its bounds (run_at for a one-shot; starts_at, ends_at, max_runs), when and why it ended (ended_at, ended_reason: its last slot is past; live is then false), after how many failed runs in a row it pauses itself (pause_after_failures), and the traceparent its runs continue.';
 
 
 --
@@ -6174,7 +6268,7 @@ CREATE TRIGGER _100_validate_insert BEFORE INSERT ON dispatch.schedules FOR EACH
 -- Name: schedules _100_validate_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs, pause_after_failures ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
+CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs, pause_after_failures, traceparent ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
 
 
 --
@@ -6230,7 +6324,7 @@ CREATE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules FOR EACH ROW
 -- Name: schedules _800_audit_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs, pause_after_failures ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts) OR (old.retry_backoff IS DISTINCT FROM new.retry_backoff) OR (old.retry_backoff_max IS DISTINCT FROM new.retry_backoff_max) OR (old.timeout IS DISTINCT FROM new.timeout) OR (old.misfire_grace IS DISTINCT FROM new.misfire_grace) OR (old.catchup IS DISTINCT FROM new.catchup) OR (old.overlap IS DISTINCT FROM new.overlap) OR (old.every IS DISTINCT FROM new.every) OR (old.anchor IS DISTINCT FROM new.anchor) OR (old.jitter IS DISTINCT FROM new.jitter) OR (old.run_at IS DISTINCT FROM new.run_at) OR (old.starts_at IS DISTINCT FROM new.starts_at) OR (old.ends_at IS DISTINCT FROM new.ends_at) OR (old.max_runs IS DISTINCT FROM new.max_runs) OR (old.pause_after_failures IS DISTINCT FROM new.pause_after_failures))) EXECUTE FUNCTION dispatch._schedule_audit();
+CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs, pause_after_failures, traceparent ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts) OR (old.retry_backoff IS DISTINCT FROM new.retry_backoff) OR (old.retry_backoff_max IS DISTINCT FROM new.retry_backoff_max) OR (old.timeout IS DISTINCT FROM new.timeout) OR (old.misfire_grace IS DISTINCT FROM new.misfire_grace) OR (old.catchup IS DISTINCT FROM new.catchup) OR (old.overlap IS DISTINCT FROM new.overlap) OR (old.every IS DISTINCT FROM new.every) OR (old.anchor IS DISTINCT FROM new.anchor) OR (old.jitter IS DISTINCT FROM new.jitter) OR (old.run_at IS DISTINCT FROM new.run_at) OR (old.starts_at IS DISTINCT FROM new.starts_at) OR (old.ends_at IS DISTINCT FROM new.ends_at) OR (old.max_runs IS DISTINCT FROM new.max_runs) OR (old.pause_after_failures IS DISTINCT FROM new.pause_after_failures) OR (old.traceparent IS DISTINCT FROM new.traceparent))) EXECUTE FUNCTION dispatch._schedule_audit();
 
 
 --
@@ -6455,6 +6549,13 @@ GRANT INSERT(pause_after_failures),UPDATE(pause_after_failures) ON TABLE dispatc
 
 
 --
+-- Name: COLUMN schedules.traceparent; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(traceparent),UPDATE(traceparent) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
 -- Name: FUNCTION _check_bounds(s dispatch.schedules, was dispatch.schedules); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -6472,6 +6573,16 @@ REVOKE ALL ON FUNCTION dispatch._check_policies(s dispatch.schedules) FROM PUBLI
 GRANT ALL ON FUNCTION dispatch._check_policies(s dispatch.schedules) TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch._check_policies(s dispatch.schedules) TO dispatch_reader;
 GRANT ALL ON FUNCTION dispatch._check_policies(s dispatch.schedules) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _check_traceparent(value text, field text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._check_traceparent(value text, field text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._check_traceparent(value text, field text) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._check_traceparent(value text, field text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._check_traceparent(value text, field text) TO dispatch_admin;
 
 
 --
@@ -7242,11 +7353,19 @@ GRANT ALL ON FUNCTION dispatch.resume(schedule_id uuid) TO dispatch_admin;
 
 
 --
--- Name: FUNCTION run_now(schedule_id uuid); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION run_now(schedule_id uuid, traceparent text); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch.run_now(schedule_id uuid) FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch.run_now(schedule_id uuid) TO dispatch_admin;
+REVOKE ALL ON FUNCTION dispatch.run_now(schedule_id uuid, traceparent text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.run_now(schedule_id uuid, traceparent text) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION run_trace(run_id bigint); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.run_trace(run_id bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.run_trace(run_id bigint) TO dispatch_reader;
 
 
 --
@@ -7283,6 +7402,16 @@ GRANT ALL ON FUNCTION dispatch.tick(now timestamp with time zone) TO dispatch_ad
 REVOKE ALL ON FUNCTION dispatch.tick_chunk(max_runs integer, OUT marked integer, OUT taken integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.tick_chunk(max_runs integer, OUT marked integer, OUT taken integer) TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch.tick_chunk(max_runs integer, OUT marked integer, OUT taken integer) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION traceparent(request_id text, attempt integer, parent text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.traceparent(request_id text, attempt integer, parent text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.traceparent(request_id text, attempt integer, parent text) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch.traceparent(request_id text, attempt integer, parent text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch.traceparent(request_id text, attempt integer, parent text) TO dispatch_admin;
 
 
 --

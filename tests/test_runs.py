@@ -173,7 +173,7 @@ def test_claim_returns_what_an_invocation_needs_oldest_first(db: psycopg.Connect
     cur = db.execute("SELECT * FROM dispatch.claim_runs('w', 1, '45 seconds')")
     assert [c.name for c in cur.description or []] == [
         "run_id", "schedule_id", "project_id", "function_name", "args",
-        "request_id", "scheduled_for", "attempt", "lease_until", "timeout", "fire_at", "kind",
+        "request_id", "scheduled_for", "attempt", "lease_until", "timeout", "fire_at", "kind", "traceparent",
     ]  # fmt: skip
     (run,) = cur.fetchall()
     assert str(run[1]) == old

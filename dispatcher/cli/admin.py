@@ -167,11 +167,12 @@ def _print_details(details: dict[str, Any]) -> None:
               ("retry_backoff_max", "back-off at most"), ("timeout", "timeout"),
               ("misfire_grace", "misfire grace"),
               ("catchup", "catch-up"), ("overlap", "overlap"),
-              ("pause_after_failures", "pause after"), ("created_at", "created"),
+              ("pause_after_failures", "pause after"), ("traceparent", "traceparent"),
+              ("created_at", "created"),
               ("updated_at", "updated"), ("deleted_at", "deleted")]
     optional = ("deleted_at", "overdue_by", "current_run_status", "current_attempt", "next_retry_at",
                 "paused_at", "paused_by", "paused_reason", "next_fire_at", "starts_at", "ends_at", "max_runs",
-                "ended_at", "ended_reason")
+                "ended_at", "ended_reason", "traceparent")
     for key, label in fields:
         if key in optional and schedule[key] is None:
             continue
@@ -257,6 +258,8 @@ def _slot_values(conn: psycopg.Connection[dict[str, Any]], args: argparse.Namesp
             values[column] = _instant(conn, flag, getattr(args, column), zone)
     if args.max_runs is not None:
         values["max_runs"] = args.max_runs or None
+    if args.traceparent is not None:
+        values["traceparent"] = None if args.traceparent.strip().lower() == "none" else args.traceparent
     return values
 
 
@@ -349,6 +352,9 @@ def _add_slot_arguments(parser: argparse.ArgumentParser, *, required: bool) -> N
                             "gap" + ("; 0 to clear" if not required else ""))
     group.add_argument("--anchor", metavar="TIMESTAMP",
                        help="with --every: the instant slots are counted from (default: when it was added)")
+    group.add_argument("--traceparent", metavar="HEADER",
+                       help="a W3C traceparent its runs continue (their trace id; their spans its children)"
+                            + none)
     group.add_argument("--jitter", type=parse_duration, metavar="DURATION",
                        help="fire each slot at a fixed offset in [0, DURATION) after it, the same for every "
                             "tick, to spread schedules that share a slot (e.g. 5m; default 0s)")

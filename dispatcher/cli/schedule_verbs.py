@@ -52,7 +52,10 @@ def _run_now(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         load(conn, schedule_id)
         try:
-            run_id = conn.execute("SELECT dispatch.run_now(%s) AS id", (schedule_id,)).fetchone()["id"]  # type: ignore[index]
+            row = conn.execute("SELECT dispatch.run_now(%s, %s) AS id",
+                               (schedule_id, args.traceparent)).fetchone()
+            assert row is not None
+            run_id = row["id"]
         except psycopg.Error as exc:
             raise database_error(exc) from None
         run = _run_row(conn, run_id)
@@ -136,6 +139,8 @@ def add_commands(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -
     run.add_argument("--wait", action="store_true", help="wait for the run's outcome and print it")
     run.add_argument("--wait-timeout", type=float, default=300, metavar="SECONDS",
                      help="give up waiting after this long (default 300)")
+    run.add_argument("--traceparent", metavar="HEADER",
+                     help="a W3C traceparent the run continues (its trace id; its spans are children of it)")
     add_connection_arguments(run)
     run.set_defaults(handler=_run_now)
 

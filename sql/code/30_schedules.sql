@@ -263,6 +263,9 @@ BEGIN
                                        NEW.starts_at, NEW.ends_at, NEW.max_runs, NEW.timezone) END;
     END IF;
     PERFORM dispatch._check_policies(NEW);
+    IF TG_OP = 'INSERT' OR NEW.traceparent IS DISTINCT FROM OLD.traceparent THEN
+        PERFORM dispatch._check_traceparent(NEW.traceparent, 'traceparent');
+    END IF;
     -- One jitter rule for both kinds of slots: a slot never fires after the next one is due.
     IF NEW.jitter > interval '0'
        AND (TG_OP = 'INSERT' OR NEW.jitter IS DISTINCT FROM OLD.jitter OR NEW.cron_spec IS DISTINCT FROM OLD.cron_spec)
@@ -328,7 +331,7 @@ CREATE OR REPLACE TRIGGER _100_validate_update
     BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at,
                      paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout,
                      misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at,
-                     max_runs, pause_after_failures
+                     max_runs, pause_after_failures, traceparent
     ON dispatch.schedules
     FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
 
@@ -454,7 +457,7 @@ BEGIN
         WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled',
                         'deleted_at', 'max_attempts', 'retry_backoff', 'retry_backoff_max', 'timeout',
                         'misfire_grace', 'catchup', 'overlap', 'every', 'anchor', 'jitter', 'run_at',
-                        'starts_at', 'ends_at', 'max_runs', 'pause_after_failures')
+                        'starts_at', 'ends_at', 'max_runs', 'pause_after_failures', 'traceparent')
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -506,7 +509,7 @@ CREATE OR REPLACE TRIGGER _800_audit_update
     AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at,
                     paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace,
                     catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs,
-                    pause_after_failures
+                    pause_after_failures, traceparent
     ON dispatch.schedules
     FOR EACH ROW
     WHEN (OLD.project_id IS DISTINCT FROM NEW.project_id
@@ -531,7 +534,8 @@ CREATE OR REPLACE TRIGGER _800_audit_update
           OR OLD.starts_at IS DISTINCT FROM NEW.starts_at
           OR OLD.ends_at IS DISTINCT FROM NEW.ends_at
           OR OLD.max_runs IS DISTINCT FROM NEW.max_runs
-          OR OLD.pause_after_failures IS DISTINCT FROM NEW.pause_after_failures)
+          OR OLD.pause_after_failures IS DISTINCT FROM NEW.pause_after_failures
+          OR OLD.traceparent IS DISTINCT FROM NEW.traceparent)
     EXECUTE FUNCTION dispatch._schedule_audit();
 
 -- Listeners keep a timer on the earliest next_run_at: a definition change may move it.

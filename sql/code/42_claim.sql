@@ -1,16 +1,19 @@
 -- dispatch.claim_runs: pending -> running, the attempt incremented and returned as the fence.
 
--- Its result ends with kind (scheduled, manual, backfill), added last so that a caller reading
--- the columns by position is unaffected. A result type cannot be changed in place: an install
--- over the earlier shape drops it first (90_grants.sql grants it again); a re-install finds kind
--- there and drops nothing.
+-- Its result ends with kind (scheduled, manual, backfill) and traceparent (the W3C header of
+-- the attempt), added last so that a caller reading the columns by position is unaffected. A
+-- result type cannot be changed in place: an install over an earlier shape drops it first
+-- (90_grants.sql grants it again); a re-install finds traceparent there and drops nothing.
 DO $$
 DECLARE
-    fn regprocedure := pg_catalog.to_regprocedure('dispatch.claim_runs(text, integer, interval, interval)');
+    fn regprocedure;
 BEGIN
-    IF fn IS NOT NULL AND pg_catalog.pg_get_function_result(fn) NOT LIKE '%kind text)' THEN
-        EXECUTE pg_catalog.format('DROP FUNCTION %s', fn);
-    END IF;
+    FOREACH fn IN ARRAY ARRAY[pg_catalog.to_regprocedure('dispatch.claim_runs(text, integer, interval, interval)'),
+                              pg_catalog.to_regprocedure('dispatch._start_runs(tid[], text, interval, interval)')] LOOP
+        IF fn IS NOT NULL AND pg_catalog.pg_get_function_result(fn) NOT LIKE '%traceparent text)' THEN
+            EXECUTE pg_catalog.format('DROP FUNCTION %s', fn);
+        END IF;
+    END LOOP;
 END
 $$;
 
@@ -36,7 +39,8 @@ RETURNS TABLE (
     lease_until   timestamptz,
     timeout       interval,
     fire_at       timestamptz,
-    kind          text
+    kind          text,
+    traceparent   text
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -57,7 +61,8 @@ BEGIN
                       + coalesce(s.timeout - coalesce(_start_runs.default_timeout, interval '0'), interval '0'),
         not_before = NULL,
         held_by_breaker = false,
-        attempt = r.attempt + 1
+        attempt = r.attempt + 1,
+        traceparent = coalesce(r.traceparent, s.traceparent)  -- the schedule's, from the first claim on
     FROM dispatch.schedules s
     WHERE r.ctid = ANY (_start_runs.tids) AND s.id = r.schedule_id
       -- still live as this statement sees it: a stop that committed since the claim's pick
@@ -65,7 +70,8 @@ BEGIN
       AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
               r.request_id, r.scheduled_for, r.attempt, r.lease_until,
-              coalesce(s.timeout, _start_runs.default_timeout), r.fire_at, r.kind;
+              coalesce(s.timeout, _start_runs.default_timeout), r.fire_at, r.kind,
+              dispatch.traceparent(r.request_id, r.attempt, r.traceparent);
 END
 $$;
 
@@ -289,7 +295,8 @@ RETURNS TABLE (
     lease_until   timestamptz,
     timeout       interval,
     fire_at       timestamptz,
-    kind          text
+    kind          text,
+    traceparent   text
 )
 -- PL/pgSQL rather than SQL: PostgreSQL plans a (non-inlined) SQL function on every call, and
 -- planning these statements costs more than running them.

@@ -39,7 +39,8 @@ SELECT s.id,
        s.max_runs,
        s.ended_at,
        s.ended_reason,
-       s.pause_after_failures
+       s.pause_after_failures,
+       s.traceparent
 FROM dispatch.schedules s
 LEFT JOIN LATERAL (
     -- the oldest open run; overlap buffer_one and allow may have more
@@ -59,7 +60,7 @@ LEFT JOIN LATERAL (
 ) fails ON true
 WHERE s.deleted_at IS NULL;
 COMMENT ON VIEW dispatch.schedule_status IS
-    'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), its run policies, its interval (every, anchor) when it has no cron_expression, its jitter, the instant its next slot fires at (next_fire_at: next_run_at plus the jitter offset), its bounds (run_at for a one-shot; starts_at, ends_at, max_runs), when and why it ended (ended_at, ended_reason: its last slot is past; live is then false), and after how many failed runs in a row it pauses itself (pause_after_failures).';
+    'One row per schedule that is not deleted: next and last run, the oldest open run''s status and attempts so far (current_run_status, current_attempt; open_runs counts them all), when a failed attempt is retried (next_retry_at), failures since the last ok run, how long it is overdue (next_run_at in the past: due, and late if more than a minute or so), who paused it and why, why it is backing off (its next slot cannot be computed), its run policies, its interval (every, anchor) when it has no cron_expression, its jitter, the instant its next slot fires at (next_fire_at: next_run_at plus the jitter offset), its bounds (run_at for a one-shot; starts_at, ends_at, max_runs), when and why it ended (ended_at, ended_reason: its last slot is past; live is then false), after how many failed runs in a row it pauses itself (pause_after_failures), and the traceparent its runs continue.';
 
 CREATE OR REPLACE VIEW dispatch.recent_failures AS
 SELECT r.finished_at,

@@ -70,7 +70,7 @@ $$;
 COMMENT ON FUNCTION dispatch.resume(uuid) IS
     'Resume a paused schedule from the first slot after now (the slots of the pause are not caught up); audited as schedule.resume. A schedule that is not paused is left as it is.';
 
-CREATE OR REPLACE FUNCTION dispatch.run_now(schedule_id uuid)
+CREATE OR REPLACE FUNCTION dispatch.run_now(schedule_id uuid, traceparent text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -84,6 +84,7 @@ BEGIN
     -- it decides from the runs it sees once it holds the schedule (the tick's marking may have
     -- committed a run just before)
     PERFORM dispatch._require_read_committed('dispatch.run_now');
+    PERFORM dispatch._check_traceparent(run_now.traceparent, 'traceparent');
     -- A stopped schedule's runs are ended at the claim, never invoked: refuse rather than
     -- hand back a run id that can only end skipped.
     IF s.paused_at IS NOT NULL THEN
@@ -120,9 +121,10 @@ BEGIN
 
     -- Due at the instant of the call, with its own request id; the schedule's slots stay as
     -- they are (dispatch._advance_schedules leaves them to scheduled runs).
-    INSERT INTO dispatch.runs AS r (schedule_id, project_id, scheduled_for, fire_at, kind, not_before)
+    INSERT INTO dispatch.runs AS r (schedule_id, project_id, scheduled_for, fire_at, kind, not_before, traceparent)
     SELECT s.id, s.project_id, due.at, due.at, 'manual',
-           CASE WHEN s.overlap = 'buffer_one' AND open_run.id IS NOT NULL THEN timestamptz 'infinity' END
+           CASE WHEN s.overlap = 'buffer_one' AND open_run.id IS NOT NULL THEN timestamptz 'infinity' END,
+           run_now.traceparent
     FROM (SELECT clock_timestamp() AS at) due  -- one instant: a later fire_at would read as jitter
     RETURNING r.* INTO run;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -132,8 +134,8 @@ BEGIN
     RETURN run.id;
 END
 $$;
-COMMENT ON FUNCTION dispatch.run_now(uuid) IS
-    'Invoke a schedule''s function now, outside its slots: inserts a pending run of kind manual, due at the instant of the call, with its own request_id, and NOTIFYs the listeners (dispatched within a second). next_run_at does not move; a slot that comes due while the manual run is open waits for it (overlap skip) and is marked as soon as it ends. Under overlap buffer_one with a run open, it waits behind that run (refused if a run already waits there). Refused (55000) for a deleted, paused or disabled schedule, and while a run is open under overlap skip; P0002 for an unknown id. Audited as schedule.run_now with the actor (session_user). Returns the run id.';
+COMMENT ON FUNCTION dispatch.run_now(uuid, text) IS
+    'Invoke a schedule''s function now, outside its slots: inserts a pending run of kind manual, due at the instant of the call, with its own request_id, and NOTIFYs the listeners (dispatched within a second). next_run_at does not move; a slot that comes due while the manual run is open waits for it (overlap skip) and is marked as soon as it ends. Under overlap buffer_one with a run open, it waits behind that run (refused if a run already waits there). Refused (55000) for a deleted, paused or disabled schedule, and while a run is open under overlap skip; P0002 for an unknown id. Audited as schedule.run_now with the actor (session_user). Returns the run id. traceparent: a W3C traceparent the run''s invocations continue (22023 when it is not one).';
 
 CREATE OR REPLACE FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamptz, to_ts timestamptz)
 RETURNS integer

@@ -51,6 +51,8 @@ GRANT EXECUTE ON FUNCTION
     dispatch.check_timezone(text),
     dispatch._check_policies(dispatch.schedules),
     dispatch._check_bounds(dispatch.schedules, dispatch.schedules),
+    dispatch._check_traceparent(text, text),
+    dispatch.traceparent(text, integer, text),
     dispatch._ended_reason(dispatch.schedules),
     dispatch._slot_spacing(dispatch.cron_spec),
     dispatch._cron_error(text, text, text),
@@ -93,6 +95,7 @@ TO dispatch_listener;
 GRANT SELECT ON ALL TABLES IN SCHEMA dispatch TO dispatch_reader;
 -- "Why didn't it fire?" is a read-only question (dispatch_admin has it through dispatch_reader).
 GRANT EXECUTE ON FUNCTION dispatch.explain(uuid, timestamptz) TO dispatch_reader;
+GRANT EXECUTE ON FUNCTION dispatch.run_trace(bigint) TO dispatch_reader;
 
 -- An administrator writes the definition of a schedule, never what the system derives from it
 -- (cron_spec, next_run_at, last_*, backoff_reason) nor the pause columns, which
@@ -109,11 +112,11 @@ END
 $$;
 GRANT INSERT (id, project_id, function_name, cron_expression, timezone, args, enabled, max_attempts, retry_backoff,
               retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at,
-              ends_at, max_runs, pause_after_failures)
+              ends_at, max_runs, pause_after_failures, traceparent)
     ON dispatch.schedules TO dispatch_admin;
 GRANT UPDATE (project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, max_attempts,
               retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter,
-              run_at, starts_at, ends_at, max_runs, pause_after_failures)
+              run_at, starts_at, ends_at, max_runs, pause_after_failures, traceparent)
     ON dispatch.schedules TO dispatch_admin;
 -- (the write trigger runs as the writer: an edit that leaves no slot ends the schedule, audited)
 GRANT EXECUTE ON FUNCTION dispatch._end_schedule(dispatch.schedules, text) TO dispatch_admin;
@@ -133,7 +136,7 @@ GRANT EXECUTE ON FUNCTION
     dispatch.next_start_after(timestamptz),
     dispatch.pause(uuid, text),
     dispatch.resume(uuid),
-    dispatch.run_now(uuid),
+    dispatch.run_now(uuid, text),
     dispatch.backfill(uuid, timestamptz, timestamptz),
     dispatch.reset_breaker(text, text)
 TO dispatch_admin;

@@ -35,6 +35,13 @@ async def warmed_up(db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], s
     mark_all_due(db)
     await until(lambda: scalar(adb, "SELECT count(*) = 1 FROM dispatch.runs WHERE status = 'ok'"),
                 what="the warm-up run")
+    # and the claim its outcome sets off (its claim was short) has come back: a claim still under
+    # way would take the runs the test marks next, with no NOTIFY needed
+    await until(lambda: scalar(adb, """
+        SELECT EXISTS (SELECT 1 FROM pg_stat_activity a, dispatch.runs r
+                       WHERE a.application_name LIKE 'pgdispatch%%' AND a.query LIKE '%%claim_runs%%'
+                         AND a.state = 'idle' AND a.query_start > r.finished_at)"""),
+                what="the claim after the warm-up run's outcome")
     sink.calls.clear()
     db.execute("DELETE FROM dispatch.runs")
 

@@ -76,6 +76,12 @@ async def test_two_failures_then_success(
     assert 0 <= gaps[1] <= 2 + SLACK_S  # full jitter on 2 s (1 s x 2, the cap)
     assert await attempts_audited(adb, run_id) == (
         "schedule.run.ok", [(1, "error", 503), (2, "error", 503), (3, "ok", 200)])
+    # trace context: one trace (the request id), a span per attempt, as dispatch.run_trace has them
+    sent = [c.headers["traceparent"] for c in sink.calls]
+    cur = await adb.execute("SELECT traceparent FROM dispatch.run_trace(%s) ORDER BY attempt", (run_id,))
+    assert sent == [tp for (tp,) in await cur.fetchall()]
+    assert {tp[3:35] for tp in sent} == {request_id.removeprefix("sched_").replace("-", "")}
+    assert len({tp[36:52] for tp in sent}) == 3
 
 
 async def test_429_with_retry_after_is_retried_when_the_function_asked(

@@ -277,9 +277,13 @@ def test_pause_resume_and_run_now(cli: Callable[..., Result], db: psycopg.Connec
     resumed = cli("schedules", "resume", sid, "--json")
     assert (resumed.json["state"], resumed.json["paused_reason"]) == ("enabled", None)
 
-    started = cli("schedules", "run", sid)
-    run_id = db.execute("SELECT id FROM dispatch.runs WHERE kind = 'manual'").fetchone()[0]  # type: ignore[index]
-    assert started.out == f"run {run_id} of schedule {sid}: pending\n"
+    bad = cli("schedules", "run", sid, "--traceparent", "00-abc-01")
+    assert bad.code == 2 and "traceparent '00-abc-01' is not a W3C traceparent" in bad.err
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    started = cli("schedules", "run", sid, "--traceparent", parent)
+    run_id, traceparent = db.execute(
+        "SELECT id, traceparent FROM dispatch.runs WHERE kind = 'manual'").fetchone()  # type: ignore[misc]
+    assert started.out == f"run {run_id} of schedule {sid}: pending\n" and traceparent == parent
     busy = cli("schedules", "run", sid)
     assert busy.code == 1 and f"has run {run_id} open" in busy.err
 
