@@ -10,6 +10,7 @@ dispatching   claims runs (dispatch.claim_runs) within the budget and invokes ea
 budget        how many runs may be claimed now: free invocation slots, prefetch
 invoke        the HTTP request of a run (body, headers, signature) and what its answer means
 signing       X-Dispatch-Signature: sign, verify
+tracing       the traceparent header of an attempt, as dispatch.traceparent computes it
 completion    hands outcomes to dispatch.complete_runs in batches, retries a failed hand-over
 database      the connection pool, bounded calls, the schema version check
 runs          a claimed run and its outcome

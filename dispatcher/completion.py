@@ -52,6 +52,7 @@ import psycopg
 from dispatcher.backoff import Backoff
 from dispatcher.database import Database, DatabaseUnavailable, Recorded
 from dispatcher.runs import Outcome, Run
+from dispatcher.tracing import span_and_trace
 
 __all__ = ["BATCH_MAX", "Completer"]
 
@@ -89,9 +90,8 @@ def _fields(run: Run, outcome: Outcome) -> dict[str, object]:
         "project_id": run.project_id,
         "function_name": run.function_name,
         "attempt": run.attempt,
-        # traceparent: 00-<trace id>-<span id>-<flags>
-        "trace_id": run.traceparent[3:35] if run.traceparent else None,
-        "span_id": run.traceparent[36:52] if run.traceparent else None,
+        "trace_id": span_and_trace(run.traceparent)[0] if run.traceparent else None,
+        "span_id": span_and_trace(run.traceparent)[1] if run.traceparent else None,
         "status": outcome.status,
         "http_status": outcome.http_status,
         "duration_ms": outcome.duration_ms,

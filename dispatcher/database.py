@@ -48,6 +48,7 @@ from psycopg.rows import AsyncRowFactory, Row, dict_row, tuple_row
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
+from dispatcher import tracing
 from dispatcher.runs import Outcome, Run
 
 __all__ = [
@@ -593,7 +594,8 @@ class Database:
                             lease_deadline=started + lease_s + run_timeout_s - timeout_s,
                             timeout_s=run_timeout_s, fire_at=fire_at,
                             kind=row[11] if len(row) > 11 else None,
-                            traceparent=row[12] if len(row) > 12 else None))
+                            traceparent=tracing.traceparent(request_id, attempt,
+                                                            row[12] if len(row) > 12 else None)))
         return runs
 
     def _complete_params(self, run: Run, outcome: Outcome) -> tuple[Any, ...]:

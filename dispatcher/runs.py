@@ -28,7 +28,7 @@ class Run:
     timeout_s: float | None = None  # the invocation timeout (claim_runs: the schedule's, else the listener's)
     fire_at: datetime | None = None  # the slot plus the schedule's jitter offset (None: the slot)
     kind: str | None = None  # scheduled, manual or backfill (None: a schema that does not say)
-    traceparent: str | None = None  # the W3C header of this attempt (None: a schema that has none)
+    traceparent: str | None = None  # the W3C header of this attempt (dispatcher.tracing)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

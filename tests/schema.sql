@@ -3226,8 +3226,7 @@ BEGIN
       AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
               r.request_id, r.scheduled_for, r.attempt, r.lease_until,
-              coalesce(s.timeout, _start_runs.default_timeout), r.fire_at, r.kind,
-              dispatch.traceparent(r.request_id, r.attempt, r.traceparent);
+              coalesce(s.timeout, _start_runs.default_timeout), r.fire_at, r.kind, r.traceparent;
 END
 $$;
 

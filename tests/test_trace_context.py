@@ -1,16 +1,22 @@
-"""Trace context in SQL: each claim hands out the W3C traceparent of its attempt (one trace id
-per run, the same on every attempt, a span id per attempt), which dispatch.run_trace lists and
-dispatch.traceparent computes again; a traceparent given on a schedule or to dispatch.run_now is
-continued. The listener sending it: tests/listener/test_policies.py."""
+"""Trace context: the W3C traceparent of each attempt (one trace id per run, the same on every
+attempt, a span id per attempt), as dispatch.traceparent computes it in SQL and
+dispatcher.tracing in the listener, the two held to each other; dispatch.run_trace lists a run's
+spans; a traceparent given on a schedule or to dispatch.run_now is continued (the claim hands it
+out). The listener sending it: tests/listener/test_policies.py."""
 
 from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg import errors
+
+from dispatcher import tracing
 
 from .runs_kit import YEARLY, add_schedule, claim, release, scalar
 
@@ -19,14 +25,16 @@ HEADER = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
 def traceparents(db: psycopg.Connection, n: int = 10) -> dict[int, str]:
-    return {row[0]: row[-1] for row in claim(db, "w", n)}
+    """Claim, and the header each claimed attempt is sent with (the claim hands out the
+    traceparent the run continues; the listener computes the attempt's own)."""
+    return {row[0]: tracing.traceparent(row[5], row[7], row[-1]) for row in claim(db, "w", n)}
 
 
 def test_a_run_is_one_trace_and_each_attempt_a_span(db: psycopg.Connection) -> None:
     add_schedule(db, YEARLY)
     db.execute("SELECT dispatch.tick(now() + interval '1 year')")
     first = claim(db, "w")
-    ((run_id, tp1),) = [(row[0], row[-1]) for row in first]
+    ((run_id, tp1),) = [(row[0], tracing.traceparent(row[5], row[7], row[-1])) for row in first]
     request_id = scalar(db, "SELECT request_id FROM dispatch.runs WHERE id = %s", (run_id,))
     assert release(db, "w", first) == 1
     ((_, tp2),) = traceparents(db).items()
@@ -46,7 +54,8 @@ def test_a_schedules_traceparent_is_continued_from_the_first_claim_on(db: psycop
     sid = add_schedule(db, YEARLY, traceparent=PARENT)
     db.execute("SELECT dispatch.tick(now() + interval '1 year')")
     first = claim(db, "w")
-    (tp,) = [row[-1] for row in first]
+    assert [row[-1] for row in first] == [PARENT]  # the claim hands out what the run continues
+    (tp,) = [tracing.traceparent(row[5], row[7], row[-1]) for row in first]
     assert tp.startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-") and tp.endswith("-00")  # its flags too
     # another parent on the schedule later: the run keeps the one it began with
     db.execute("UPDATE dispatch.schedules SET traceparent = NULL WHERE id = %s", (sid,))
@@ -77,3 +86,22 @@ def test_a_bad_traceparent_is_refused_naming_the_field(db: psycopg.Connection, v
         db.execute("UPDATE dispatch.schedules SET traceparent = %s WHERE id = %s", (value, sid))
     with pytest.raises(errors.InvalidParameterValue, match=refused):
         db.execute("SELECT dispatch.run_now(%s, %s)", (sid, value))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(request_id=st.one_of(st.uuids().map(lambda u: f"sched_{u}"),
+                            st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"),
+                                    min_size=1, max_size=40)),
+       attempt=st.integers(1, 1000), parent=st.one_of(st.none(), st.just(PARENT)))
+def test_the_listener_computes_the_header_as_sql_does(
+    db: psycopg.Connection, request_id: str, attempt: int, parent: str | None
+) -> None:
+    assert tracing.traceparent(request_id, attempt, parent) == scalar(
+        db, "SELECT dispatch.traceparent(%s, %s, %s)", (request_id, attempt, parent))
+
+
+def test_a_request_id_not_of_the_usual_form_gets_a_trace_id_of_its_own() -> None:
+    odd = tracing.traceparent("imported-42", 1)
+    assert HEADER.fullmatch(odd) and odd[3:35] == hashlib.sha256(b"imported-42").hexdigest()[:32]
+    usual = f"sched_{uuid.uuid4()}"
+    assert tracing.traceparent(usual, 1)[3:35] == usual[6:].replace("-", "")

@@ -1,7 +1,8 @@
 -- dispatch.claim_runs: pending -> running, the attempt incremented and returned as the fence.
 
--- Its result ends with kind (scheduled, manual, backfill) and traceparent (the W3C header of
--- the attempt), added last so that a caller reading the columns by position is unaffected. A
+-- Its result ends with kind (scheduled, manual, backfill) and traceparent (the one the run
+-- continues, NULL for most: the caller computes the attempt's own, as dispatch.traceparent
+-- does), added last so that a caller reading the columns by position is unaffected. A
 -- result type cannot be changed in place: an install over an earlier shape drops it first
 -- (90_grants.sql grants it again); a re-install finds traceparent there and drops nothing.
 DO $$
@@ -70,8 +71,7 @@ BEGIN
       AND s.enabled AND s.deleted_at IS NULL AND s.paused_at IS NULL
     RETURNING r.id, r.schedule_id, s.project_id, s.function_name, s.args,
               r.request_id, r.scheduled_for, r.attempt, r.lease_until,
-              coalesce(s.timeout, _start_runs.default_timeout), r.fire_at, r.kind,
-              dispatch.traceparent(r.request_id, r.attempt, r.traceparent);
+              coalesce(s.timeout, _start_runs.default_timeout), r.fire_at, r.kind, r.traceparent;
 END
 $$;
 
