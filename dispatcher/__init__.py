@@ -12,6 +12,7 @@ invoke        the HTTP request of a run (body, headers, signature) and what its 
 signing       X-Dispatch-Signature: sign, verify
 tracing       the traceparent header of an attempt, as dispatch.traceparent computes it
 completion    hands outcomes to dispatch.complete_runs in batches, retries a failed hand-over
+event_delivery POSTs the events of dispatch.event_deliveries to the projects' events_url
 database      the connection pool, bounded calls, the schema version check
 runs          a claimed run and its outcome
 config        settings from flags, environment and systemd credentials

@@ -67,7 +67,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # The schema this listener is written for: dispatch.migrations must reach this version.
-SCHEMA_VERSION = 21
+SCHEMA_VERSION = 25
 # Liveness defaults for every connection (libpq parameters; a URL that sets one wins): an idle
 # connection whose peer vanished is probed after 5 s and given up after 3 more probes 2 s apart,
 # data unacknowledged for 10 s fails the connection, and a connect attempt gives up after 5 s.
@@ -667,6 +667,28 @@ class Database:
         rows = await self._fetch("SELECT reason, slots, last_id FROM dispatch.skipped_slots_after(%s)",
                                  (after_id,))
         return {row["reason"]: int(row["slots"]) for row in rows}, int(rows[0]["last_id"])
+
+    async def claim_event_deliveries(self, max_deliveries: int, lease_s: float) -> list[dict[str, Any]]:
+        """Event deliveries due now (dispatch.claim_event_deliveries): delivery_id, url, payload
+        (JSON text), attempt; not handed out again for lease_s."""
+        return await self._fetch(
+            "SELECT delivery_id, url, payload, attempt FROM dispatch.claim_event_deliveries(%s, %s, %s)",
+            (self._worker_id, max_deliveries, timedelta(seconds=lease_s)))
+
+    async def finish_event_deliveries(self, outcomes: Sequence[tuple[int, int, str | None]]) -> int:
+        """Each claimed delivery's outcome, (delivery id, attempt, error or None when delivered)."""
+        rows = await self._fetch(
+            "SELECT dispatch.finish_event_deliveries(%s, %s::bigint[], %s::integer[], %s::text[]) AS n",
+            (self._worker_id, _int_array([o[0] for o in outcomes]), _int_array([o[1] for o in outcomes]),
+             _text_array([o[2] for o in outcomes])))
+        return int(rows[0]["n"])
+
+    async def next_event_delivery_in(self) -> float | None:
+        """Seconds until the next event delivery is due, by the database's clock (None: none)."""
+        rows = await self._fetch(
+            "SELECT extract(epoch FROM dispatch.next_event_delivery_at() - clock_timestamp())::float8 AS s")
+        value = rows[0]["s"]
+        return None if value is None else float(value)
 
     async def open_breakers(self) -> set[tuple[str, str]]:
         """The functions (project_id, function_name) whose circuit breaker is open."""

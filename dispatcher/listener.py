@@ -37,6 +37,7 @@ from dispatcher.completion import Completer
 from dispatcher.config import Settings
 from dispatcher.database import Database, DatabaseMisconfigured, DatabaseUnavailable
 from dispatcher.dispatching import Dispatcher
+from dispatcher.event_delivery import EventDelivery
 from dispatcher.event_loop import running_loop_name
 from dispatcher.invoke import Invoker, new_session
 from dispatcher.metrics import Metrics, MetricsServer
@@ -105,10 +106,12 @@ class Listener:
         self._clock = Clock(self._db, sweep_interval_s=settings.sweep_interval_s,
                             listening=lambda: self._notifications.listening, on_tick=self._ticked,
                             on_marked=self._marked, on_start=self._start_due)
+        self._events = EventDelivery(self._db, self.metrics, secret=settings.signing_secret,
+                                     second_secret=settings.second_signing_secret)
         self._notifications = Notifications(
             settings.listen_database_url, application_name=settings.application_name,
             on_notify=self._notified, on_connected=self._clock.request_sweep,
-            on_reconnected=self._reconnected)
+            on_reconnected=self._reconnected, on_event=self._events.wake)
         self._completer = Completer(self._db, on_advanced=self._clock.replan_soon, on_done=self._recorded)
         self._dispatcher: Dispatcher | None = None
         self.metrics.track_in_flight(lambda: self._budget.in_flight)
@@ -269,7 +272,8 @@ class Listener:
                 spawn(dispatcher.worker(), f"pgdispatch-worker-{i}")
             claimer = spawn(dispatcher.claim_loop(), "pgdispatch-claim")
             services = [spawn(self._notifications.run(), "pgdispatch-listen"),
-                        spawn(self._clock.run(), "pgdispatch-clock")]
+                        spawn(self._clock.run(), "pgdispatch-clock"),
+                        spawn(self._events.run(), "pgdispatch-events")]
             await self._stopping.wait()
             await self._shutdown(dispatcher, claimer, services)
         finally:

@@ -66,6 +66,11 @@ class Metrics:
             " them all, so aggregate with max.",
             ["project", "function"], registry=registry)
         self._breakers_seen: set[tuple[str, str]] = set()
+        self.event_deliveries = Counter(
+            "pgdispatch_event_deliveries",
+            "Attempts to POST an event to a project's events_url by this listener, by outcome (delivered or"
+            " failed: retried with back-off, or given up after dispatch.settings.event_max_attempts).",
+            ["outcome"], registry=registry)
         self.reconnects = Counter(
             "pgdispatch_database_reconnects", "Times the LISTEN session came back after losing the database.",
             registry=registry)
@@ -105,6 +110,9 @@ class Metrics:
         for key in self._breakers_seen | open_now:
             self.breaker_open.labels(*key).set(1 if key in open_now else 0)
         self._breakers_seen |= open_now
+
+    def event_delivered(self, outcome: str) -> None:
+        self.event_deliveries.labels(outcome).inc()
 
     def reconnected(self) -> None:
         self.reconnects.inc()

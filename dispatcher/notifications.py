@@ -1,4 +1,5 @@
-"""The LISTEN session: one autocommit connection outside the pool, doing LISTEN dispatch.
+"""The LISTEN session: one autocommit connection outside the pool, doing LISTEN dispatch (and
+dispatch_events, for the event delivery).
 
 A notification is only a wake-up (the listener re-reads the tables, and sweeps on a timer), so
 what matters is noticing when the session is gone. An idle session on a path that died silently
@@ -23,11 +24,12 @@ import psycopg
 from dispatcher.backoff import Backoff
 from dispatcher.database import CALL_TIMEOUT_S, DatabaseUnavailable, check_schema, connect
 
-__all__ = ["CHANNEL", "PROBE_INTERVAL_S", "PROBE_TIMEOUT_S", "Notifications"]
+__all__ = ["CHANNEL", "EVENTS_CHANNEL", "PROBE_INTERVAL_S", "PROBE_TIMEOUT_S", "Notifications"]
 
 logger = logging.getLogger(__name__)
 
 CHANNEL = "dispatch"
+EVENTS_CHANNEL = "dispatch_events"  # failures and breakers: wakes the event delivery
 # With no notification for this long, probe the session; a probe gets this long to answer.
 PROBE_INTERVAL_S = 5.0
 PROBE_TIMEOUT_S = 3.0
@@ -40,12 +42,14 @@ class Notifications:
 
     def __init__(self, conninfo: str, *, application_name: str, on_notify: Callable[[str], None],
                  on_connected: Callable[[], None], on_reconnected: Callable[[], None] = lambda: None,
+                 on_event: Callable[[], None] = lambda: None,
                  probe_interval_s: float = PROBE_INTERVAL_S) -> None:
         self._conninfo = conninfo
         self._application_name = application_name
         self._on_notify = on_notify
         self._on_connected = on_connected
         self._on_reconnected = on_reconnected
+        self._on_event = on_event
         self._probe_interval_s = probe_interval_s
         self.listening = False
         self.schema_checked = False
@@ -78,6 +82,7 @@ class Notifications:
                 await check_schema(conn)
                 self.schema_checked = True
             async with asyncio.timeout(CALL_TIMEOUT_S):
+                await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
                 await conn.execute(f"LISTEN {CHANNEL}")
             if lost:
                 self._on_reconnected()
@@ -89,7 +94,10 @@ class Notifications:
             self._on_connected()
             while True:
                 async for notify in conn.notifies(timeout=self._probe_interval_s):
-                    self._on_notify(notify.payload)
+                    if notify.channel == EVENTS_CHANNEL:
+                        self._on_event()
+                    else:
+                        self._on_notify(notify.payload)
                 # Quiet for a while: is anyone still there? The probe is LISTEN again (a no-op):
                 # others know this session as listening by its last statement (dispatch.listeners).
                 async with asyncio.timeout(PROBE_TIMEOUT_S):

@@ -86,6 +86,9 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \set version 24
 \set name 0024_trace_context
 \ir apply_migration.psql
+\set version 25
+\set name 0025_event_webhooks
+\ir apply_migration.psql
 \ir code/10_cron_engine.sql
 \ir code/15_schema_version.sql
 \ir code/20_timezones.sql

@@ -473,8 +473,8 @@ BEGIN
                        'window', st.breaker_window, 'error', counted.last_error,
                        'nextProbeAt', (SELECT b.next_probe_at FROM dispatch.breakers b
                                        WHERE b.project_id = f.project_id AND b.function_name = f.function_name)));
-            PERFORM dispatch._event('breaker.opened', f.project_id, jsonb_build_object(
-                        'functionName', f.function_name, 'failures', counted.failures, 'error', counted.last_error));
+            PERFORM dispatch._event('breaker.opened', f.project_id, jsonb_build_object('failures', counted.failures),
+                        jsonb_build_object('functionName', f.function_name, 'error', counted.last_error));
         END IF;
         -- an open breaker whose probe failed: the next probe goes a spacing after this failure
         -- at the earliest (so a probe reaches the function a spacing after the previous one's
@@ -1220,9 +1220,9 @@ BEGIN
                     'functionName', was.function_name, 'reason', _close_breaker.reason, 'openedAt', was.opened_at,
                     'openFor', now() - was.opened_at, 'probes', was.probes,
                     'runId', (SELECT min(x) FROM unnest(_close_breaker.run_ids) x))));
-        PERFORM dispatch._event('breaker.closed', was.project_id, jsonb_build_object(
-                    'functionName', was.function_name, 'reason', _close_breaker.reason,
-                    'openedAt', was.opened_at, 'probes', was.probes));
+        PERFORM dispatch._event('breaker.closed', was.project_id, jsonb_build_object('probes', was.probes),
+                    jsonb_build_object('functionName', was.function_name, 'reason', _close_breaker.reason,
+                                       'openedAt', was.opened_at));
     END IF;
     -- after a reset or a close, whatever waited goes (held runs of a breaker that only counted
     -- failures are none)
@@ -1572,25 +1572,28 @@ $$;
 
 
 --
--- Name: _end_schedule(dispatch.schedules, text); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _end_schedule(dispatch.schedules); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._end_schedule(s dispatch.schedules, actor text) RETURNS dispatch.schedules
-    LANGUAGE plpgsql SECURITY DEFINER
+CREATE FUNCTION dispatch._end_schedule(s dispatch.schedules) RETURNS dispatch.schedules
+    LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
     s.next_run_at := NULL;
     s.backoff_reason := NULL;
-    s.ended_at := now();
+    s.ended_at := coalesce(s.ended_at, now());
     s.ended_reason := dispatch._ended_reason(s);
-    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
-    VALUES (actor, s.project_id, 'schedule.ended',
-            jsonb_strip_nulls(jsonb_build_object('scheduleId', s.id, 'functionName', s.function_name,
-                                                 'reason', s.ended_reason, 'lastSlot', s.last_slot)));
     RETURN s;
 END
 $$;
+
+
+--
+-- Name: FUNCTION _end_schedule(s dispatch.schedules); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch._end_schedule(s dispatch.schedules) IS 'The schedule row s as ended: no next_run_at, ended_at (kept if set) and ended_reason.';
 
 
 --
@@ -1676,24 +1679,31 @@ $$;
 
 
 --
--- Name: _event(text, text, jsonb); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _event(text, text, jsonb, jsonb); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._event(event text, project_id text, body jsonb) RETURNS void
-    LANGUAGE sql
+CREATE FUNCTION dispatch._event(event text, project_id text, body jsonb, detail jsonb) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    SELECT pg_notify('dispatch_events',
-                     (jsonb_build_object('event', event, 'at', clock_timestamp(), 'projectId', project_id)
-                      || jsonb_strip_nulls(body))::text)
+DECLARE
+    head constant jsonb := jsonb_build_object('event', event, 'at', clock_timestamp(), 'projectId', project_id)
+                           || jsonb_strip_nulls(body);
+BEGIN
+    PERFORM pg_notify('dispatch_events', head::text);
+    INSERT INTO dispatch.event_deliveries (project_id, url, payload)
+    SELECT p.project_id, p.events_url, head || jsonb_strip_nulls(detail)
+    FROM dispatch.projects p
+    WHERE p.project_id = _event.project_id AND p.events_url IS NOT NULL;
+END
 $$;
 
 
 --
--- Name: FUNCTION _event(event text, project_id text, body jsonb); Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: FUNCTION _event(event text, project_id text, body jsonb, detail jsonb); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch._event(event text, project_id text, body jsonb) IS 'NOTIFY dispatch_events with one event as a JSON object: event, at, projectId and body''s fields (those not NULL).';
+COMMENT ON FUNCTION dispatch._event(event text, project_id text, body jsonb, detail jsonb) IS 'One event: NOTIFY dispatch_events with event, at, projectId and body''s fields (ids only), and, when the project has an events_url, queue its delivery there with detail''s fields too (dispatch.event_deliveries). NULL fields are left out.';
 
 
 --
@@ -1940,7 +1950,9 @@ BEGIN
                                    s.next_run_at)
         FROM released x
         WHERE s.id = x.schedule_id AND s.next_run_at <= x.scheduled_for
-        RETURNING s.id, x.scheduled_for, s.next_run_at
+        -- (a bounded rule past its last slot ended the schedule: the gap goes up to that slot)
+        RETURNING s.id, x.scheduled_for,
+                  CASE WHEN s.ended_at IS NOT NULL THEN timestamptz 'infinity' ELSE s.next_run_at END AS next_run_at
     ), gaps AS (
         -- the slots dropped while the run waited: a gap (overlap)
         SELECT CASE WHEN count(*) > 0
@@ -2460,6 +2472,30 @@ $$;
 
 
 --
+-- Name: _prune_event_deliveries(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._prune_event_deliveries() RETURNS bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    WITH gone AS (
+        DELETE FROM dispatch.event_deliveries d
+        WHERE coalesce(d.delivered_at, d.gave_up_at) < now() - (SELECT audit_retention FROM dispatch.settings)
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone
+$$;
+
+
+--
+-- Name: FUNCTION _prune_event_deliveries(); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch._prune_event_deliveries() IS 'Delete the event deliveries delivered or given up longer ago than the audit retention; returns how many.';
+
+
+--
 -- Name: _prune_runs(bigint, bigint); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -2656,10 +2692,11 @@ DECLARE
     last_runs bigint[];
     all_failed boolean;
 BEGIN
-    PERFORM dispatch._event('run.failed', f.project_id, jsonb_build_object(
-                'runId', f.id, 'scheduleId', f.schedule_id, 'functionName', x.function_name,
-                'status', f.status, 'error', f.error, 'attempt', f.attempt - f.released,
-                'requestId', f.request_id, 'scheduledFor', f.scheduled_for, 'kind', f.kind))
+    PERFORM dispatch._event('run.failed', f.project_id,
+                jsonb_build_object('runId', f.id, 'scheduleId', f.schedule_id, 'status', f.status,
+                                   'attempt', f.attempt - f.released, 'kind', f.kind),
+                jsonb_build_object('functionName', x.function_name, 'error', f.error, 'requestId', f.request_id,
+                                   'scheduledFor', f.scheduled_for))
     FROM unnest(finished) f
     JOIN dispatch.schedules x ON x.id = f.schedule_id
     WHERE f.status IN ('error', 'lost');
@@ -2668,7 +2705,7 @@ BEGIN
              FROM unnest(finished) f
              JOIN dispatch.schedules x ON x.id = f.schedule_id
              WHERE f.status IN ('error', 'lost') AND x.pause_after_failures IS NOT NULL
-               AND x.paused_at IS NULL AND x.deleted_at IS NULL
+               AND x.enabled AND x.paused_at IS NULL AND x.deleted_at IS NULL AND x.ended_at IS NULL
     LOOP
         SELECT array_agg(r.id ORDER BY r.scheduled_for, r.id), bool_and(r.status <> 'ok')
         INTO last_runs, all_failed
@@ -2677,14 +2714,18 @@ BEGIN
               ORDER BY r.scheduled_for DESC, r.id DESC
               LIMIT s.pause_after_failures) r;
         IF cardinality(last_runs) = s.pause_after_failures AND all_failed THEN
+            -- (the runs named: all of them, or the first three and the last three)
             UPDATE dispatch.schedules
             SET paused_at = now(), paused_by = 'pgdispatch',
-                paused_reason = left(format('paused itself: its last %s runs failed (runs %s); dispatch.resume() starts the count again',
-                                            s.pause_after_failures, array_to_string(last_runs, ', ')), 500)
+                paused_reason = format('paused itself: its last %s runs failed (runs %s); dispatch.resume() starts the count again',
+                                       s.pause_after_failures,
+                                       CASE WHEN cardinality(last_runs) <= 6 THEN array_to_string(last_runs, ', ')
+                                            ELSE array_to_string(last_runs[1:3], ', ') || ', …, '
+                                                 || array_to_string(last_runs[cardinality(last_runs) - 2:], ', ') END)
             WHERE id = s.id;
-            PERFORM dispatch._event('schedule.paused', s.project_id, jsonb_build_object(
-                        'scheduleId', s.id, 'functionName', s.function_name, 'failedRuns', to_jsonb(last_runs),
-                        'pauseAfterFailures', s.pause_after_failures));
+            PERFORM dispatch._event('schedule.paused', s.project_id,
+                        jsonb_build_object('scheduleId', s.id, 'pauseAfterFailures', s.pause_after_failures),
+                        jsonb_build_object('functionName', s.function_name, 'failedRuns', to_jsonb(last_runs)));
         END IF;
     END LOOP;
 END
@@ -2743,6 +2784,25 @@ BEGIN
                 'reason', CASE WHEN action = 'schedule.pause' THEN NEW.paused_reason END))
             -- after the stripping: a column set to NULL shows as null
             || coalesce(jsonb_build_object('changed', changed), '{}'));
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: _schedule_audit_ended(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._schedule_audit_ended() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+    VALUES (CASE WHEN NEW.updated_at IS DISTINCT FROM OLD.updated_at THEN session_user END, NEW.project_id,
+            'schedule.ended',
+            jsonb_strip_nulls(jsonb_build_object('scheduleId', NEW.id, 'functionName', NEW.function_name,
+                                                 'reason', NEW.ended_reason, 'lastSlot', NEW.last_slot)));
     RETURN NULL;
 END
 $$;
@@ -2811,12 +2871,12 @@ BEGIN
                   HINT = 'A cron expression''s slots are wall-clock times, a one-shot''s is run_at; leave anchor NULL.';
     END IF;
     NEW.anchor := CASE WHEN NEW.every IS NOT NULL THEN coalesce(NEW.anchor, NEW.created_at, now()) END;
-    PERFORM dispatch._check_bounds(NEW, OLD);  -- (OLD: NULL on INSERT)
     IF NEW.max_runs IS NOT NULL AND NEW.starts_at IS NULL THEN
         -- max_runs counts from the write that set it (its statement's clock, from which the
         -- first slot is computed too: no slot is counted that could not run)
         NEW.starts_at := clock_timestamp();
     END IF;
+    PERFORM dispatch._check_bounds(NEW, OLD);  -- (OLD: NULL on INSERT)
     IF TG_OP = 'INSERT' OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
         PERFORM dispatch.check_timezone(NEW.timezone);
     END IF;
@@ -2888,7 +2948,7 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Give run_at, ends_at or max_runs (from starts_at) that leave it a slot to come.';
         END IF;
-        NEW := dispatch._end_schedule(NEW, session_user);
+        NEW := dispatch._end_schedule(NEW);
     END IF;
     IF TG_OP = 'UPDATE' THEN
         NEW.updated_at := now();
@@ -2929,7 +2989,7 @@ CREATE FUNCTION dispatch._schedule_ended() RETURNS trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 BEGIN
-    RETURN dispatch._end_schedule(NEW, NULL);
+    RETURN dispatch._end_schedule(NEW);
 END
 $$;
 
@@ -3641,6 +3701,41 @@ $$;
 --
 
 COMMENT ON FUNCTION dispatch.check_timezone(tz text) IS 'Return tz when it is a name from the tz database (pg_timezone_names); raise SQLSTATE 22023 otherwise.';
+
+
+--
+-- Name: claim_event_deliveries(text, integer, interval); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.claim_event_deliveries(worker text, max_deliveries integer, lease interval) RETURNS TABLE(delivery_id bigint, url text, payload text, attempt integer)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF lease IS NULL OR lease <= interval '0' OR lease > interval '1 hour' THEN
+        RAISE EXCEPTION 'lease must be more than 0 and at most 1 hour, not %', coalesce(lease::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    UPDATE dispatch.event_deliveries d
+    SET attempts = d.attempts + 1, worker = claim_event_deliveries.worker,
+        next_attempt_at = now() + claim_event_deliveries.lease
+    FROM (SELECT x.id FROM dispatch.event_deliveries x
+          WHERE x.delivered_at IS NULL AND x.gave_up_at IS NULL AND x.next_attempt_at <= now()
+          ORDER BY x.next_attempt_at
+          LIMIT greatest(claim_event_deliveries.max_deliveries, 0)
+          FOR UPDATE SKIP LOCKED) due
+    WHERE d.id = due.id
+    RETURNING d.id, d.url, d.payload::text, d.attempts;
+END
+$$;
+
+
+--
+-- Name: FUNCTION claim_event_deliveries(worker text, max_deliveries integer, lease interval); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.claim_event_deliveries(worker text, max_deliveries integer, lease interval) IS 'For listeners: up to max_deliveries event deliveries whose next attempt has come (SKIP LOCKED), each with its attempt number; each is not handed out again until lease has passed.';
 
 
 --
@@ -4781,10 +4876,11 @@ BEGIN
                                                            now(), s.timezone), first_in_grace) END;
         IF first_in_grace > now() THEN
             item := 'missed';
-            at := first_in_grace;
-            detail := format('its slots from %s to %s are beyond misfire_grace (%s): the next tick records them skipped, never invoked, and it goes on at %s',
+            at := CASE WHEN isfinite(first_in_grace) THEN first_in_grace END;
+            detail := format('its slots from %s to %s are beyond misfire_grace (%s): the next tick records them skipped, never invoked, and %s',
                              dispatch._instant(s.next_run_at), dispatch._instant(last_missed), s.misfire_grace,
-                             dispatch._instant(first_in_grace));
+                             CASE WHEN isfinite(first_in_grace) THEN 'it goes on at ' || dispatch._instant(first_in_grace)
+                                  ELSE 'it ends: they are its last' END);
         ELSIF target = slot_run.scheduled_for THEN
             -- overlap allow, set while a run stood on the slot: the tick only moves on
             item := 'settling';
@@ -5019,6 +5115,44 @@ COMMENT ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time
 
 
 --
+-- Name: finish_event_deliveries(text, bigint[], integer[], text[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.finish_event_deliveries(worker text, delivery_ids bigint[], attempts integer[], errors text[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    recorded integer;
+BEGIN
+    -- An outcome counts for the attempt it was claimed with: a late one from an attempt whose
+    -- lease passed changes nothing. A failure waits its back-off (doubled each time, at most an
+    -- hour, less up to a quarter at random) or, after the last attempt, is given up.
+    UPDATE dispatch.event_deliveries d
+    SET delivered_at = CASE WHEN o.error IS NULL THEN now() END,
+        gave_up_at = CASE WHEN o.error IS NOT NULL AND d.attempts >= st.event_max_attempts THEN now() END,
+        last_error = left(o.error, 500),
+        next_attempt_at = CASE WHEN o.error IS NULL OR d.attempts >= st.event_max_attempts THEN d.next_attempt_at
+                               ELSE now() + least(st.event_retry_backoff * power(2, d.attempts - 1), interval '1 hour')
+                                            * (1 - random() / 4) END
+    FROM unnest(finish_event_deliveries.delivery_ids, finish_event_deliveries.attempts,
+                finish_event_deliveries.errors) AS o(id, attempt, error)
+    CROSS JOIN dispatch.settings st
+    WHERE d.id = o.id AND d.attempts = o.attempt AND d.delivered_at IS NULL AND d.gave_up_at IS NULL;
+    GET DIAGNOSTICS recorded = ROW_COUNT;
+    RETURN recorded;
+END
+$$;
+
+
+--
+-- Name: FUNCTION finish_event_deliveries(worker text, delivery_ids bigint[], attempts integer[], errors text[]); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.finish_event_deliveries(worker text, delivery_ids bigint[], attempts integer[], errors text[]) IS 'For listeners: the outcome of each claimed event delivery (error NULL: delivered), for the attempt it was claimed with; a failure is retried after dispatch.settings.event_retry_backoff, doubled each time, or given up after event_max_attempts. Returns how many it recorded.';
+
+
+--
 -- Name: jitter_offset(uuid, timestamp with time zone, interval); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -5100,6 +5234,27 @@ CREATE FUNCTION dispatch.next_due_at() RETURNS timestamp with time zone
 --
 
 COMMENT ON FUNCTION dispatch.next_due_at() IS 'The earliest future next_run_at of a live schedule or retry: when a listener should next call dispatch.tick().';
+
+
+--
+-- Name: next_event_delivery_at(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.next_event_delivery_at() RETURNS timestamp with time zone
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT d.next_attempt_at FROM dispatch.event_deliveries d
+    WHERE d.delivered_at IS NULL AND d.gave_up_at IS NULL
+    ORDER BY d.next_attempt_at LIMIT 1
+$$;
+
+
+--
+-- Name: FUNCTION next_event_delivery_at(); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.next_event_delivery_at() IS 'For listeners: when the next event delivery is due (NULL: none waits).';
 
 
 --
@@ -5228,6 +5383,8 @@ BEGIN
         after_id := page.last_id;
         up_to := page.up_to;
     END LOOP;
+    PERFORM dispatch._prune_event_deliveries();
+    COMMIT;
 END
 $$;
 
@@ -5236,7 +5393,7 @@ $$;
 -- Name: PROCEDURE prune(INOUT runs_deleted bigint, INOUT audit_deleted bigint); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON PROCEDURE dispatch.prune(INOUT runs_deleted bigint, INOUT audit_deleted bigint) IS 'Delete finished runs and audit rows older than dispatch.settings'' retention, one page of prune_batch_size rows (in id order) per transaction; pending and running runs are kept. Run every 10 minutes by the pg_cron job dispatch-prune. Returns how many rows it deleted.';
+COMMENT ON PROCEDURE dispatch.prune(INOUT runs_deleted bigint, INOUT audit_deleted bigint) IS 'Delete finished runs and audit rows older than dispatch.settings'' retention (and event deliveries done before the audit retention), one page of prune_batch_size rows (in id order) per transaction; pending and running runs are kept. Run every 10 minutes by the pg_cron job dispatch-prune. Returns how many rows it deleted.';
 
 
 --
@@ -5764,6 +5921,47 @@ ALTER TABLE dispatch.audit_log ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY 
 
 
 --
+-- Name: event_deliveries; Type: TABLE; Schema: dispatch; Owner: -
+--
+
+CREATE TABLE dispatch.event_deliveries (
+    id bigint NOT NULL,
+    project_id text NOT NULL,
+    url text NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    worker text,
+    delivered_at timestamp with time zone,
+    gave_up_at timestamp with time zone,
+    last_error text,
+    CONSTRAINT event_deliveries_last_error_length_check CHECK ((length(last_error) <= 500))
+);
+
+
+--
+-- Name: TABLE event_deliveries; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.event_deliveries IS 'Events waiting to be POSTed to their project''s events_url, and those delivered or given up (until the audit retention passes). A listener claims those whose next_attempt_at has come; a claim moves next_attempt_at past its lease, so an attempt whose listener died is tried again then.';
+
+
+--
+-- Name: event_deliveries_id_seq; Type: SEQUENCE; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE dispatch.event_deliveries ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME dispatch.event_deliveries_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
 -- Name: listeners; Type: VIEW; Schema: dispatch; Owner: -
 --
 
@@ -5816,6 +6014,8 @@ CREATE TABLE dispatch.projects (
     project_id text NOT NULL,
     max_concurrency integer,
     weight integer DEFAULT 1 NOT NULL,
+    events_url text,
+    CONSTRAINT projects_events_url_check CHECK (((events_url ~ '^https?://[^[:space:][:cntrl:]]+$'::text) AND (length(events_url) <= 2000))),
     CONSTRAINT projects_max_concurrency_check CHECK ((max_concurrency > 0)),
     CONSTRAINT projects_weight_check CHECK ((weight > 0))
 );
@@ -5847,6 +6047,13 @@ COMMENT ON COLUMN dispatch.projects.max_concurrency IS 'At most this many of the
 --
 
 COMMENT ON COLUMN dispatch.projects.weight IS 'The project''s share when several projects have due runs: a claim takes about weight runs of it for each run of a weight-1 project.';
+
+
+--
+-- Name: COLUMN projects.events_url; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.projects.events_url IS 'Where the listeners POST each event of the channel dispatch_events about this project (run.failed, schedule.paused, breaker.opened, breaker.closed), signed like an invocation; NULL: none.';
 
 
 --
@@ -5975,10 +6182,14 @@ CREATE TABLE dispatch.settings (
     breaker_window interval DEFAULT '00:05:00'::interval NOT NULL,
     breaker_probe_spacing interval DEFAULT '00:00:01'::interval NOT NULL,
     breaker_probe_spacing_max interval DEFAULT '00:00:10'::interval NOT NULL,
+    event_retry_backoff interval DEFAULT '00:00:05'::interval NOT NULL,
+    event_max_attempts integer DEFAULT 10 NOT NULL,
     CONSTRAINT settings_audit_retention_check CHECK ((audit_retention >= '01:00:00'::interval)),
     CONSTRAINT settings_breaker_probe_spacing_check CHECK (((breaker_probe_spacing >= '00:00:00.01'::interval) AND (breaker_probe_spacing <= breaker_probe_spacing_max) AND (breaker_probe_spacing_max <= '01:00:00'::interval))),
     CONSTRAINT settings_breaker_threshold_check CHECK (((breaker_threshold >= 0) AND (breaker_threshold <= 10000))),
     CONSTRAINT settings_breaker_window_check CHECK ((breaker_window > '00:00:00'::interval)),
+    CONSTRAINT settings_event_max_attempts_check CHECK (((event_max_attempts >= 1) AND (event_max_attempts <= 100))),
+    CONSTRAINT settings_event_retry_backoff_check CHECK (((event_retry_backoff >= '00:00:00.01'::interval) AND (event_retry_backoff <= '01:00:00'::interval))),
     CONSTRAINT settings_prune_batch_size_check CHECK (((prune_batch_size >= 100) AND (prune_batch_size <= 1000000))),
     CONSTRAINT settings_runs_retention_check CHECK ((runs_retention >= '01:00:00'::interval)),
     CONSTRAINT settings_singleton_check CHECK (singleton)
@@ -6042,6 +6253,20 @@ COMMENT ON COLUMN dispatch.settings.breaker_probe_spacing_max IS 'The most time 
 
 
 --
+-- Name: COLUMN settings.event_retry_backoff; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.settings.event_retry_backoff IS 'The wait before an event delivery''s first retry; doubled for each further one, up to an hour.';
+
+
+--
+-- Name: COLUMN settings.event_max_attempts; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.settings.event_max_attempts IS 'Attempts of one event delivery before it is given up (gave_up_at).';
+
+
+--
 -- Name: timezones; Type: TABLE; Schema: dispatch; Owner: -
 --
 
@@ -6071,6 +6296,14 @@ ALTER TABLE ONLY dispatch.audit_log
 
 ALTER TABLE ONLY dispatch.breakers
     ADD CONSTRAINT breakers_pkey PRIMARY KEY (project_id, function_name);
+
+
+--
+-- Name: event_deliveries event_deliveries_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.event_deliveries
+    ADD CONSTRAINT event_deliveries_pkey PRIMARY KEY (id);
 
 
 --
@@ -6180,6 +6413,20 @@ CREATE INDEX breakers_open_idx ON dispatch.breakers USING btree (project_id, fun
 
 
 --
+-- Name: event_deliveries_created_at_brin_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX event_deliveries_created_at_brin_idx ON dispatch.event_deliveries USING brin (created_at);
+
+
+--
+-- Name: event_deliveries_due_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX event_deliveries_due_idx ON dispatch.event_deliveries USING btree (next_attempt_at) WHERE ((delivered_at IS NULL) AND (gave_up_at IS NULL));
+
+
+--
 -- Name: runs_created_at_brin_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
@@ -6281,7 +6528,7 @@ CREATE TRIGGER _150_ended BEFORE UPDATE OF next_run_at ON dispatch.schedules FOR
 -- Name: schedules _200_end_pending; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _200_end_pending AFTER UPDATE OF enabled, deleted_at, paused_at ON dispatch.schedules FOR EACH ROW WHEN (((new.next_run_at IS NULL) AND (old.next_run_at IS NOT NULL))) EXECUTE FUNCTION dispatch._schedule_end_pending();
+CREATE TRIGGER _200_end_pending AFTER UPDATE OF enabled, deleted_at, paused_at ON dispatch.schedules FOR EACH ROW WHEN ((old.enabled AND (old.deleted_at IS NULL) AND (old.paused_at IS NULL) AND (NOT (new.enabled AND (new.deleted_at IS NULL) AND (new.paused_at IS NULL))))) EXECUTE FUNCTION dispatch._schedule_end_pending();
 
 
 --
@@ -6324,6 +6571,13 @@ CREATE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules FOR EACH ROW
 --
 
 CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs, pause_after_failures, traceparent ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts) OR (old.retry_backoff IS DISTINCT FROM new.retry_backoff) OR (old.retry_backoff_max IS DISTINCT FROM new.retry_backoff_max) OR (old.timeout IS DISTINCT FROM new.timeout) OR (old.misfire_grace IS DISTINCT FROM new.misfire_grace) OR (old.catchup IS DISTINCT FROM new.catchup) OR (old.overlap IS DISTINCT FROM new.overlap) OR (old.every IS DISTINCT FROM new.every) OR (old.anchor IS DISTINCT FROM new.anchor) OR (old.jitter IS DISTINCT FROM new.jitter) OR (old.run_at IS DISTINCT FROM new.run_at) OR (old.starts_at IS DISTINCT FROM new.starts_at) OR (old.ends_at IS DISTINCT FROM new.ends_at) OR (old.max_runs IS DISTINCT FROM new.max_runs) OR (old.pause_after_failures IS DISTINCT FROM new.pause_after_failures) OR (old.traceparent IS DISTINCT FROM new.traceparent))) EXECUTE FUNCTION dispatch._schedule_audit();
+
+
+--
+-- Name: schedules _810_audit_ended; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _810_audit_ended AFTER UPDATE ON dispatch.schedules FOR EACH ROW WHEN (((new.ended_at IS NOT NULL) AND (new.ended_at IS DISTINCT FROM old.ended_at))) EXECUTE FUNCTION dispatch._schedule_audit_ended();
 
 
 --
@@ -6695,11 +6949,11 @@ REVOKE ALL ON FUNCTION dispatch._end_late_retries(run_ids bigint[]) FROM PUBLIC;
 
 
 --
--- Name: FUNCTION _end_schedule(s dispatch.schedules, actor text); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _end_schedule(s dispatch.schedules); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._end_schedule(s dispatch.schedules, actor text) FROM PUBLIC;
-GRANT ALL ON FUNCTION dispatch._end_schedule(s dispatch.schedules, actor text) TO dispatch_admin;
+REVOKE ALL ON FUNCTION dispatch._end_schedule(s dispatch.schedules) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._end_schedule(s dispatch.schedules) TO dispatch_admin;
 
 
 --
@@ -6720,10 +6974,10 @@ GRANT ALL ON FUNCTION dispatch._ended_reason(s dispatch.schedules) TO dispatch_a
 
 
 --
--- Name: FUNCTION _event(event text, project_id text, body jsonb); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _event(event text, project_id text, body jsonb, detail jsonb); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._event(event text, project_id text, body jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._event(event text, project_id text, body jsonb, detail jsonb) FROM PUBLIC;
 
 
 --
@@ -6884,6 +7138,14 @@ GRANT ALL ON FUNCTION dispatch._prune_audit(after_id bigint, INOUT up_to bigint,
 
 
 --
+-- Name: FUNCTION _prune_event_deliveries(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._prune_event_deliveries() FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._prune_event_deliveries() TO dispatch_admin;
+
+
+--
 -- Name: FUNCTION _prune_runs(after_id bigint, INOUT up_to bigint, OUT last_id bigint, OUT deleted bigint); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -6945,6 +7207,13 @@ REVOKE ALL ON FUNCTION dispatch._runs_failed(finished dispatch.runs[]) FROM PUBL
 --
 
 REVOKE ALL ON FUNCTION dispatch._schedule_audit() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _schedule_audit_ended(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._schedule_audit_ended() FROM PUBLIC;
 
 
 --
@@ -7141,6 +7410,14 @@ GRANT ALL ON FUNCTION dispatch.check_timezone(tz text) TO dispatch_admin;
 
 
 --
+-- Name: FUNCTION claim_event_deliveries(worker text, max_deliveries integer, lease interval); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.claim_event_deliveries(worker text, max_deliveries integer, lease interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.claim_event_deliveries(worker text, max_deliveries integer, lease interval) TO dispatch_listener;
+
+
+--
 -- Name: FUNCTION claim_runs(worker text, max_runs integer, lease interval, default_timeout interval); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -7233,6 +7510,14 @@ GRANT ALL ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with ti
 
 
 --
+-- Name: FUNCTION finish_event_deliveries(worker text, delivery_ids bigint[], attempts integer[], errors text[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.finish_event_deliveries(worker text, delivery_ids bigint[], attempts integer[], errors text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.finish_event_deliveries(worker text, delivery_ids bigint[], attempts integer[], errors text[]) TO dispatch_listener;
+
+
+--
 -- Name: FUNCTION jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -7266,6 +7551,14 @@ GRANT ALL ON FUNCTION dispatch.next_due_after(covered timestamp with time zone) 
 REVOKE ALL ON FUNCTION dispatch.next_due_at() FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.next_due_at() TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch.next_due_at() TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION next_event_delivery_at(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.next_event_delivery_at() FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.next_event_delivery_at() TO dispatch_listener;
 
 
 --
@@ -7418,6 +7711,13 @@ GRANT ALL ON FUNCTION dispatch.traceparent(request_id text, attempt integer, par
 --
 
 GRANT SELECT ON TABLE dispatch.audit_log TO dispatch_reader;
+
+
+--
+-- Name: TABLE event_deliveries; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.event_deliveries TO dispatch_reader;
 
 
 --

@@ -233,3 +233,31 @@ def test_jitter_and_misfire_grace_apply_to_a_one_shot(db: psycopg.Connection) ->
     assert status == "skipped" and error.startswith("missed by")
     assert state(db, sid)["ended_at"] is not None
     assert scalar(db, "SELECT fire_at FROM dispatch.runs WHERE schedule_id = %s", (sid,)) == at + offset
+
+
+def test_pausing_an_ended_schedule_ends_its_pending_run(db: psycopg.Connection) -> None:
+    first = scalar(db, "SELECT date_trunc('minute', now()) + interval '1 minute'")
+    sid = add_schedule(db, "* * * * *", ends_at=first, overlap="allow")
+    db.execute("SELECT dispatch.tick(%s)", (first,))
+    assert state(db, sid)["ended_at"] is not None
+    db.execute("SELECT dispatch.pause(%s)", (sid,))
+    status, error = db.execute(
+        "SELECT status, error FROM dispatch.runs WHERE schedule_id = %s", (sid,)).fetchone()  # type: ignore[misc]
+    assert status == "skipped" and "paused" in error
+
+
+def test_the_slots_a_buffered_run_passed_over_at_the_end_are_a_gap(db: psycopg.Connection) -> None:
+    """buffer_one: the run that waited goes when the open one ends; the slots that came due
+    meanwhile, up to the rule's last, are a gap (the schedule ends there)."""
+    with db.transaction():
+        created = scalar(db, "SELECT now()")
+        sid = add(db, every="1 second", overlap="buffer_one", ends_at=created + timedelta(seconds=3))
+    slots = [created + timedelta(seconds=k) for k in (1, 2, 3)]
+    db.execute("SELECT dispatch.tick(%s)", (slots[0],))
+    (run,) = claim(db, "w")
+    db.execute("SELECT dispatch.tick(%s)", (slots[1],))  # the second waits behind the first
+    while scalar(db, "SELECT clock_timestamp() <= %s", (slots[2],)):  # the last comes due meanwhile
+        db.execute("SELECT pg_sleep(0.05)")
+    assert complete(db, run)[0]
+    assert slots_run(db, sid) == slots[:2] and gap_slots(db, sid) == 1
+    assert state(db, sid)["ended_at"] is not None

@@ -22,7 +22,7 @@ WITH known AS (
     UNION
     SELECT DISTINCT project_id FROM dispatch.schedules WHERE deleted_at IS NULL
 )
-SELECT k.project_id, p.max_concurrency, coalesce(p.weight, 1) AS weight,
+SELECT k.project_id, p.max_concurrency, coalesce(p.weight, 1) AS weight, p.events_url,
        (SELECT count(*) FROM dispatch.runs r WHERE r.project_id = k.project_id AND r.status = 'running')
            AS running,
        (SELECT count(*) FROM dispatch.runs r WHERE r.project_id = k.project_id AND r.status = 'pending')
@@ -59,8 +59,8 @@ def _limit(text: str) -> int | None:
 
 
 def _set(args: argparse.Namespace) -> int:
-    if args.max_concurrency is False and args.weight is None:
-        raise UsageError("nothing to set: give --max-concurrency and/or --weight")
+    if args.max_concurrency is False and args.weight is None and args.events_url is None:
+        raise UsageError("nothing to set: give --max-concurrency, --weight or --events-url")
     values: dict[str, Any] = {"project": args.project}
     columns = []
     if args.max_concurrency is not False:
@@ -69,6 +69,9 @@ def _set(args: argparse.Namespace) -> int:
     if args.weight is not None:
         columns.append("weight")
         values["weight"] = args.weight
+    if args.events_url is not None:
+        columns.append("events_url")
+        values["events_url"] = None if args.events_url == "none" else args.events_url
     names = ", ".join(columns)
     placeholders = ", ".join(f"%({c})s" for c in columns)
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns)
@@ -105,10 +108,11 @@ def _reset(args: argparse.Namespace) -> int:
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `projects` with the top-level parser."""
     projects = commands.add_parser(
-        "projects", help="list projects, set or reset their max concurrency and weight",
+        "projects", help="list projects, set or reset their max concurrency, weight and events URL",
         description="Per-project dispatch settings (dispatch.projects): max_concurrency caps a project's "
                     "running runs across all listeners; weight is its share when several projects have "
-                    "runs due. A project without settings has no cap and weight 1. Writes need "
+                    "runs due; events_url receives its failure and breaker events. A project without "
+                    "settings has no cap, weight 1 and no events URL. Writes need "
                     "dispatch_admin.")
     actions = projects.add_subparsers(dest="action", required=True, metavar="ACTION")
 
@@ -126,6 +130,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                          help="at most N of its runs running at once (none: no cap)")
     setting.add_argument("--weight", type=int, metavar="N",
                          help="its share when several projects have runs due")
+    setting.add_argument("--events-url", metavar="URL",
+                         help="where listeners POST its failure and breaker events, signed (none: nowhere)")
     add_connection_arguments(setting)
     setting.set_defaults(handler=_set)
 

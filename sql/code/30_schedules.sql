@@ -9,6 +9,7 @@
 --   _200_end_pending      AFTER UPDATE that stops the schedule: its pending runs end
 --   _210_unbuffer         AFTER UPDATE of overlap away from buffer_one: the buffered run
 --   _800_audit_*          AFTER: one audit row per definition change
+--   _810_audit_ended      AFTER: one audit row when a schedule ends
 --   _900_notify           AFTER, per statement: listeners re-plan their clocks
 
 -- The run policies, checked with a message that names the field (the CHECK constraints of
@@ -112,26 +113,46 @@ AS $$
         ELSE format('its slots up to ends_at %s are past', s.ends_at) END
 $$;
 
--- A schedule whose rule has no slot left ends: no next slot, when and why, one audit row
--- (schedule.ended; actor NULL when the system ended it on its last slot).
-CREATE OR REPLACE FUNCTION dispatch._end_schedule(s dispatch.schedules, actor text)
+-- A schedule whose rule has no slot left ends: no next slot, when and why (its audit row:
+-- dispatch._schedule_audit_ended). Ended already, it keeps when it ended.
+CREATE OR REPLACE FUNCTION dispatch._end_schedule(s dispatch.schedules)
 RETURNS dispatch.schedules
 LANGUAGE plpgsql
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     s.next_run_at := NULL;
     s.backoff_reason := NULL;
-    s.ended_at := now();
+    s.ended_at := coalesce(s.ended_at, now());
     s.ended_reason := dispatch._ended_reason(s);
-    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
-    VALUES (actor, s.project_id, 'schedule.ended',
-            jsonb_strip_nulls(jsonb_build_object('scheduleId', s.id, 'functionName', s.function_name,
-                                                 'reason', s.ended_reason, 'lastSlot', s.last_slot)));
     RETURN s;
 END
 $$;
+COMMENT ON FUNCTION dispatch._end_schedule(dispatch.schedules) IS
+    'The schedule row s as ended: no next_run_at, ended_at (kept if set) and ended_reason.';
+
+-- One audit row schedule.ended when a schedule ends: with the editor as the actor when an edit
+-- of its definition ended it (the write trigger moved updated_at), NULL when the system did on
+-- its last slot.
+CREATE OR REPLACE FUNCTION dispatch._schedule_audit_ended()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
+    VALUES (CASE WHEN NEW.updated_at IS DISTINCT FROM OLD.updated_at THEN session_user END, NEW.project_id,
+            'schedule.ended',
+            jsonb_strip_nulls(jsonb_build_object('scheduleId', NEW.id, 'functionName', NEW.function_name,
+                                                 'reason', NEW.ended_reason, 'lastSlot', NEW.last_slot)));
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER _810_audit_ended AFTER UPDATE ON dispatch.schedules
+    FOR EACH ROW WHEN (NEW.ended_at IS NOT NULL AND NEW.ended_at IS DISTINCT FROM OLD.ended_at)
+    EXECUTE FUNCTION dispatch._schedule_audit_ended();
 
 -- The system's own writes of next_run_at (tick, completion) put 'infinity' there past a bounded
 -- rule's last slot (dispatch.cron_spec_next): the schedule ends then.
@@ -142,7 +163,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN dispatch._end_schedule(NEW, NULL);
+    RETURN dispatch._end_schedule(NEW);
 END
 $$;
 
@@ -237,12 +258,12 @@ BEGIN
                   HINT = 'A cron expression''s slots are wall-clock times, a one-shot''s is run_at; leave anchor NULL.';
     END IF;
     NEW.anchor := CASE WHEN NEW.every IS NOT NULL THEN coalesce(NEW.anchor, NEW.created_at, now()) END;
-    PERFORM dispatch._check_bounds(NEW, OLD);  -- (OLD: NULL on INSERT)
     IF NEW.max_runs IS NOT NULL AND NEW.starts_at IS NULL THEN
         -- max_runs counts from the write that set it (its statement's clock, from which the
         -- first slot is computed too: no slot is counted that could not run)
         NEW.starts_at := clock_timestamp();
     END IF;
+    PERFORM dispatch._check_bounds(NEW, OLD);  -- (OLD: NULL on INSERT)
     IF TG_OP = 'INSERT' OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
         PERFORM dispatch.check_timezone(NEW.timezone);
     END IF;
@@ -314,7 +335,7 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'Give run_at, ends_at or max_runs (from starts_at) that leave it a slot to come.';
         END IF;
-        NEW := dispatch._end_schedule(NEW, session_user);
+        NEW := dispatch._end_schedule(NEW);
     END IF;
     IF TG_OP = 'UPDATE' THEN
         NEW.updated_at := now();
@@ -380,9 +401,12 @@ BEGIN
 END
 $$;
 
+-- (an ended schedule may still have runs pending: its last slot's under overlap allow, a
+-- buffered one, manual and backfill runs)
 CREATE OR REPLACE TRIGGER _200_end_pending AFTER UPDATE OF enabled, deleted_at, paused_at ON dispatch.schedules
     FOR EACH ROW
-    WHEN (NEW.next_run_at IS NULL AND OLD.next_run_at IS NOT NULL)
+    WHEN (OLD.enabled AND OLD.deleted_at IS NULL AND OLD.paused_at IS NULL
+          AND NOT (NEW.enabled AND NEW.deleted_at IS NULL AND NEW.paused_at IS NULL))
     EXECUTE FUNCTION dispatch._schedule_end_pending();
 
 CREATE OR REPLACE TRIGGER _205_end_left_pending AFTER UPDATE OF enabled, paused_at ON dispatch.schedules

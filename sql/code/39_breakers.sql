@@ -300,8 +300,8 @@ BEGIN
                        'window', st.breaker_window, 'error', counted.last_error,
                        'nextProbeAt', (SELECT b.next_probe_at FROM dispatch.breakers b
                                        WHERE b.project_id = f.project_id AND b.function_name = f.function_name)));
-            PERFORM dispatch._event('breaker.opened', f.project_id, jsonb_build_object(
-                        'functionName', f.function_name, 'failures', counted.failures, 'error', counted.last_error));
+            PERFORM dispatch._event('breaker.opened', f.project_id, jsonb_build_object('failures', counted.failures),
+                        jsonb_build_object('functionName', f.function_name, 'error', counted.last_error));
         END IF;
         -- an open breaker whose probe failed: the next probe goes a spacing after this failure
         -- at the earliest (so a probe reaches the function a spacing after the previous one's
@@ -363,9 +363,9 @@ BEGIN
                     'functionName', was.function_name, 'reason', _close_breaker.reason, 'openedAt', was.opened_at,
                     'openFor', now() - was.opened_at, 'probes', was.probes,
                     'runId', (SELECT min(x) FROM unnest(_close_breaker.run_ids) x))));
-        PERFORM dispatch._event('breaker.closed', was.project_id, jsonb_build_object(
-                    'functionName', was.function_name, 'reason', _close_breaker.reason,
-                    'openedAt', was.opened_at, 'probes', was.probes));
+        PERFORM dispatch._event('breaker.closed', was.project_id, jsonb_build_object('probes', was.probes),
+                    jsonb_build_object('functionName', was.function_name, 'reason', _close_breaker.reason,
+                                       'openedAt', was.opened_at));
     END IF;
     -- after a reset or a close, whatever waited goes (held runs of a breaker that only counted
     -- failures are none)

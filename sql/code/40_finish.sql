@@ -240,7 +240,9 @@ BEGIN
                                    s.next_run_at)
         FROM released x
         WHERE s.id = x.schedule_id AND s.next_run_at <= x.scheduled_for
-        RETURNING s.id, x.scheduled_for, s.next_run_at
+        -- (a bounded rule past its last slot ended the schedule: the gap goes up to that slot)
+        RETURNING s.id, x.scheduled_for,
+                  CASE WHEN s.ended_at IS NOT NULL THEN timestamptz 'infinity' ELSE s.next_run_at END AS next_run_at
     ), gaps AS (
         -- the slots dropped while the run waited: a gap (overlap)
         SELECT CASE WHEN count(*) > 0

@@ -72,6 +72,24 @@ $$;
 -- commits between pages (small transactions: no long lock, no bloat wave). PostgreSQL forbids
 -- transaction control in a procedure with a SET clause or SECURITY DEFINER, so this one has
 -- neither and qualifies its few operators instead.
+-- Event deliveries done (delivered or given up) before the audit retention: one statement, as
+-- there are few (one per failure of a project with an events_url).
+CREATE OR REPLACE FUNCTION dispatch._prune_event_deliveries()
+RETURNS bigint
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH gone AS (
+        DELETE FROM dispatch.event_deliveries d
+        WHERE coalesce(d.delivered_at, d.gave_up_at) < now() - (SELECT audit_retention FROM dispatch.settings)
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone
+$$;
+COMMENT ON FUNCTION dispatch._prune_event_deliveries() IS
+    'Delete the event deliveries delivered or given up longer ago than the audit retention; returns how many.';
+
 CREATE OR REPLACE PROCEDURE dispatch.prune(INOUT runs_deleted bigint DEFAULT 0, INOUT audit_deleted bigint DEFAULT 0)
 LANGUAGE plpgsql
 AS $$
@@ -98,7 +116,9 @@ BEGIN
         after_id := page.last_id;
         up_to := page.up_to;
     END LOOP;
+    PERFORM dispatch._prune_event_deliveries();
+    COMMIT;
 END
 $$;
 COMMENT ON PROCEDURE dispatch.prune(bigint, bigint) IS
-    'Delete finished runs and audit rows older than dispatch.settings'' retention, one page of prune_batch_size rows (in id order) per transaction; pending and running runs are kept. Run every 10 minutes by the pg_cron job dispatch-prune. Returns how many rows it deleted.';
+    'Delete finished runs and audit rows older than dispatch.settings'' retention (and event deliveries done before the audit retention), one page of prune_batch_size rows (in id order) per transaction; pending and running runs are kept. Run every 10 minutes by the pg_cron job dispatch-prune. Returns how many rows it deleted.';

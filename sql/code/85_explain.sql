@@ -416,10 +416,11 @@ BEGIN
                                                            now(), s.timezone), first_in_grace) END;
         IF first_in_grace > now() THEN
             item := 'missed';
-            at := first_in_grace;
-            detail := format('its slots from %s to %s are beyond misfire_grace (%s): the next tick records them skipped, never invoked, and it goes on at %s',
+            at := CASE WHEN isfinite(first_in_grace) THEN first_in_grace END;
+            detail := format('its slots from %s to %s are beyond misfire_grace (%s): the next tick records them skipped, never invoked, and %s',
                              dispatch._instant(s.next_run_at), dispatch._instant(last_missed), s.misfire_grace,
-                             dispatch._instant(first_in_grace));
+                             CASE WHEN isfinite(first_in_grace) THEN 'it goes on at ' || dispatch._instant(first_in_grace)
+                                  ELSE 'it ends: they are its last' END);
         ELSIF target = slot_run.scheduled_for THEN
             -- overlap allow, set while a run stood on the slot: the tick only moves on
             item := 'settling';

@@ -96,6 +96,11 @@ GRANT SELECT ON ALL TABLES IN SCHEMA dispatch TO dispatch_reader;
 -- "Why didn't it fire?" is a read-only question (dispatch_admin has it through dispatch_reader).
 GRANT EXECUTE ON FUNCTION dispatch.explain(uuid, timestamptz) TO dispatch_reader;
 GRANT EXECUTE ON FUNCTION dispatch.run_trace(bigint) TO dispatch_reader;
+GRANT EXECUTE ON FUNCTION
+    dispatch.claim_event_deliveries(text, integer, interval),
+    dispatch.finish_event_deliveries(text, bigint[], integer[], text[]),
+    dispatch.next_event_delivery_at()
+TO dispatch_listener;
 
 -- An administrator writes the definition of a schedule, never what the system derives from it
 -- (cron_spec, next_run_at, last_*, backoff_reason) nor the pause columns, which
@@ -118,8 +123,8 @@ GRANT UPDATE (project_id, function_name, cron_expression, timezone, args, enable
               retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter,
               run_at, starts_at, ends_at, max_runs, pause_after_failures, traceparent)
     ON dispatch.schedules TO dispatch_admin;
--- (the write trigger runs as the writer: an edit that leaves no slot ends the schedule, audited)
-GRANT EXECUTE ON FUNCTION dispatch._end_schedule(dispatch.schedules, text) TO dispatch_admin;
+-- (the write trigger runs as the writer: an edit that leaves no slot ends the schedule)
+GRANT EXECUTE ON FUNCTION dispatch._end_schedule(dispatch.schedules) TO dispatch_admin;
 GRANT DELETE ON dispatch.schedules TO dispatch_admin;
 GRANT UPDATE ON dispatch.settings TO dispatch_admin;
 -- Per-project dispatch settings (max_concurrency, weight): rows an administrator writes.
@@ -128,6 +133,7 @@ GRANT EXECUTE ON FUNCTION
     dispatch.refresh_timezones(),
     dispatch._prune_runs(bigint, bigint),
     dispatch._prune_audit(bigint, bigint),
+    dispatch._prune_event_deliveries(),
     dispatch.tick(timestamptz),
     dispatch.tick_chunk(integer),
     dispatch.next_due_at(),

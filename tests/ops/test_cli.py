@@ -635,3 +635,13 @@ async def test_ctrl_c_ends_a_query_the_server_never_answers(db: psycopg.Connecti
         assert (code, err) == (130, "\n")
     finally:
         await proxy.close()
+
+
+def test_projects_set_the_events_url(cli: Callable[..., Result]) -> None:
+    done = cli("projects", "set", "acme", "--events-url", "https://hooks.example/pgdispatch", "--json")
+    assert done.code == 0, done.err
+    assert done.json["events_url"] == "https://hooks.example/pgdispatch"
+    refused = cli("projects", "set", "acme", "--events-url", "ftp://hooks.example")
+    assert refused.code == 2 and "projects_events_url_check" in refused.err
+    cleared = cli("projects", "set", "acme", "--events-url", "none", "--json")
+    assert cleared.json["events_url"] is None
