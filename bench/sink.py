@@ -1,5 +1,6 @@
 """A fast local sink in its own process: nginx answering every POST with 200 and a small JSON
-body, logging each request's X-Request-Id and arrival time (ms) for the latency figures.
+body (400 for the function "broken"), logging each request's X-Request-Id and arrival time (ms)
+for the latency figures.
 
 nginx (apt nginx-light) costs a few tens of microseconds of CPU a request, so on a shared
 2-core machine the sink takes little from what it measures."""
@@ -40,6 +41,11 @@ http {{
         location / {{
             default_type application/json;
             return 200 '{{"ok":true}}';
+        }}
+        # the function "broken" refuses every call (a final error: bench.event_webhooks)
+        location ~ ^/projects/[^/]+/functions/broken$ {{
+            default_type application/json;
+            return 400 '{{"code":"bad_input","message":"refused"}}';
         }}
     }}
 }}
