@@ -855,11 +855,7 @@ BEGIN
         problem := format('max_runs must be between 1 and 10000, not %s', s.max_runs);
         hint := 'For more slots than that, bound the schedule with ends_at.';
     END IF;
-    IF hint IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
-    ELSIF problem IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
-    END IF;
+    PERFORM dispatch._refuse(problem, hint);
 END
 $$;
 
@@ -906,11 +902,7 @@ BEGIN
         problem := format('jitter must be between 0 and 1 day, not %s', coalesce(s.jitter::text, 'NULL'));
         hint := 'Each slot fires at a fixed offset in [0, jitter) after it; 0 fires on the slot.';
     END IF;
-    IF hint IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
-    ELSIF problem IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
-    END IF;
+    PERFORM dispatch._refuse(problem, hint);
 END
 $$;
 
@@ -2563,6 +2555,31 @@ BEGIN
     RETURN recorded;
 END
 $$;
+
+
+--
+-- Name: _refuse(text, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._refuse(problem text, hint text DEFAULT NULL::text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF problem IS NOT NULL AND hint IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
+    ELSIF problem IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
+    END IF;
+END
+$$;
+
+
+--
+-- Name: FUNCTION _refuse(problem text, hint text); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch._refuse(problem text, hint text) IS 'Raise 22023 with problem as the message and hint as the hint, when problem is not NULL.';
 
 
 --
@@ -7158,6 +7175,16 @@ GRANT ALL ON FUNCTION dispatch._prune_runs(after_id bigint, INOUT up_to bigint, 
 --
 
 REVOKE ALL ON FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _refuse(problem text, hint text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._refuse(problem text, hint text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._refuse(problem text, hint text) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._refuse(problem text, hint text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._refuse(problem text, hint text) TO dispatch_admin;
 
 
 --

@@ -12,6 +12,24 @@
 --   _810_audit_ended      AFTER: one audit row when a schedule ends
 --   _900_notify           AFTER, per statement: listeners re-plan their clocks
 
+-- A write refused: SQLSTATE 22023 with the problem (which names the field) and a hint; nothing
+-- when problem is NULL.
+CREATE OR REPLACE FUNCTION dispatch._refuse(problem text, hint text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF problem IS NOT NULL AND hint IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
+    ELSIF problem IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION dispatch._refuse(text, text) IS
+    'Raise 22023 with problem as the message and hint as the hint, when problem is not NULL.';
+
 -- The run policies, checked with a message that names the field (the CHECK constraints of
 -- 0012_run_policies.sql stay as the last line of defence, with only their names to offer).
 CREATE OR REPLACE FUNCTION dispatch._check_policies(s dispatch.schedules)
@@ -53,11 +71,7 @@ BEGIN
         problem := format('jitter must be between 0 and 1 day, not %s', coalesce(s.jitter::text, 'NULL'));
         hint := 'Each slot fires at a fixed offset in [0, jitter) after it; 0 fires on the slot.';
     END IF;
-    IF hint IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
-    ELSIF problem IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
-    END IF;
+    PERFORM dispatch._refuse(problem, hint);
 END
 $$;
 
@@ -92,11 +106,7 @@ BEGIN
         problem := format('max_runs must be between 1 and 10000, not %s', s.max_runs);
         hint := 'For more slots than that, bound the schedule with ends_at.';
     END IF;
-    IF hint IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem, HINT = hint;
-    ELSIF problem IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = problem;
-    END IF;
+    PERFORM dispatch._refuse(problem, hint);
 END
 $$;
 

@@ -49,6 +49,7 @@ GRANT EXECUTE ON FUNCTION
     dispatch.cron_next(text, timestamptz, text),
     dispatch.cron_is_valid(text),
     dispatch.check_timezone(text),
+    dispatch._refuse(text, text),
     dispatch._check_policies(dispatch.schedules),
     dispatch._check_bounds(dispatch.schedules, dispatch.schedules),
     dispatch._check_traceparent(text, text),
