@@ -52,7 +52,7 @@ import psycopg
 from dispatcher.backoff import Backoff
 from dispatcher.database import Database, DatabaseUnavailable, Recorded
 from dispatcher.runs import Outcome, Run
-from dispatcher.tracing import span_and_trace
+from dispatcher.tracing import trace_and_span
 
 __all__ = ["BATCH_MAX", "Completer"]
 
@@ -83,6 +83,7 @@ def _escaped(text: str | None) -> str | None:
 
 
 def _fields(run: Run, outcome: Outcome) -> dict[str, object]:
+    trace_id, span_id = trace_and_span(run.traceparent) if run.traceparent else (None, None)
     return {
         "run_id": run.run_id,
         "schedule_id": run.schedule_id,
@@ -90,8 +91,8 @@ def _fields(run: Run, outcome: Outcome) -> dict[str, object]:
         "project_id": run.project_id,
         "function_name": run.function_name,
         "attempt": run.attempt,
-        "trace_id": span_and_trace(run.traceparent)[0] if run.traceparent else None,
-        "span_id": span_and_trace(run.traceparent)[1] if run.traceparent else None,
+        "trace_id": trace_id,
+        "span_id": span_id,
         "status": outcome.status,
         "http_status": outcome.http_status,
         "duration_ms": outcome.duration_ms,

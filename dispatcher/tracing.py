@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-__all__ = ["span_and_trace", "traceparent"]
+__all__ = ["trace_and_span", "traceparent"]
 
 _REQUEST_ID = re.compile(r"sched_([0-9a-f]{8})-([0-9a-f]{4})-([0-9a-f]{4})-([0-9a-f]{4})-([0-9a-f]{12})")
 
@@ -28,6 +28,6 @@ def traceparent(request_id: str, attempt: int, parent: str | None = None) -> str
     return f"00-{trace_id}-{span_id}-{flags}"
 
 
-def span_and_trace(header: str) -> tuple[str, str]:
+def trace_and_span(header: str) -> tuple[str, str]:
     """(trace id, span id) of a traceparent header."""
     return header[3:35], header[36:52]
