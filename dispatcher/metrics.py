@@ -56,8 +56,8 @@ class Metrics:
         self.slots_skipped = Counter(
             "pgdispatch_slots_skipped",
             "Slots of any schedule that passed with no run, in recorded gaps (audit schedule.slots.skipped),"
-            " by reason (overlap, catch-up, misfire, pause, disabled), counted by this listener since it"
-            " started: every listener counts them all, so aggregate with max.",
+            " by reason (overlap, catch-up, misfire, pause, disabled, calendar), counted by this listener"
+            " since it started: every listener counts them all, so aggregate with max.",
             ["reason"], registry=registry)
         self.breaker_open = Gauge(
             "pgdispatch_breaker_open",

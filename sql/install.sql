@@ -89,10 +89,14 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \set version 25
 \set name 0025_event_webhooks
 \ir apply_migration.psql
+\set version 26
+\set name 0026_calendars
+\ir apply_migration.psql
 \ir code/10_cron_engine.sql
 \ir code/15_schema_version.sql
 \ir code/20_timezones.sql
 \ir code/30_schedules.sql
+\ir code/31_calendars.sql
 \ir code/35_runs.sql
 \ir code/36_traces.sql
 \ir code/37_gaps.sql

@@ -55,7 +55,13 @@ def explain_agrees(conn: psycopg.Connection, *, skip: Collection[str] = ()) -> C
         before = {row[0]: row for row in conn.execute(_RUNS, (list(open_runs), last_id)).fetchall()}
         capped = {project for (project,) in conn.execute(_CAPPED)}
 
+        now, last_audit = conn.execute(
+            "SELECT now(), (SELECT coalesce(max(id), 0) FROM dispatch.audit_log)").fetchone()  # type: ignore[misc]
         conn.execute("SELECT dispatch.tick()")
+        calendar_gaps = dict(conn.execute(
+            "SELECT metadata->>'scheduleId', (metadata->>'first')::timestamptz FROM dispatch.audit_log"
+            " WHERE id > %s AND action = 'schedule.slots.skipped' AND metadata->>'reason' = 'calendar'",
+            (last_audit,)).fetchall())
         ticked = {row[0]: row for row in conn.execute(_RUNS, (list(open_runs), last_id)).fetchall()}
         claimed = {run_id for (run_id,) in conn.execute(
             "SELECT run_id FROM dispatch.claim_runs('explain-check', 100000, '1 hour')")}
@@ -89,6 +95,10 @@ def explain_agrees(conn: psycopg.Connection, *, skip: Collection[str] = ()) -> C
                         if r[1] == sid and r[2] == "scheduled" and r[3] == "pending" and not r[4])
         if item == "due":
             assert marked and marked[0] == at, f"{sid}: explain said {at} is due; the tick marked {marked}"
+        elif item == "excluded" and at <= now:
+            # a slot in a period of its calendar, due: the tick passes over the period from it
+            assert not marked and calendar_gaps.get(sid) == at, \
+                f"{sid}: explain said {at} excluded; the tick marked {marked}, gap {calendar_gaps.get(sid)}"
         else:
             assert not marked, f"schedule {sid}: explain said {item}, yet the tick marked {marked}"
         # the claim takes exactly the open runs explain said it takes, and ends those it said

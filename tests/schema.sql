@@ -508,6 +508,162 @@ $$;
 
 
 --
+-- Name: _calendar_before_write(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._calendar_before_write() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+BEGIN
+    PERFORM dispatch._refuse(CASE
+        WHEN NEW.name IS NULL OR NEW.name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$'
+        THEN format('calendar name must be 1 to 100 letters, digits, _ . or - (starting with a letter or digit), not %s',
+                    coalesce(quote_literal(NEW.name), 'NULL'))
+        WHEN length(NEW.description) > 1000 THEN 'calendar description must be at most 1000 characters'
+        END);
+    IF TG_OP = 'INSERT' OR NEW.timezone IS DISTINCT FROM OLD.timezone THEN
+        PERFORM dispatch.check_timezone(NEW.timezone);
+    END IF;
+    IF TG_OP = 'UPDATE' AND NEW.project_id IS DISTINCT FROM OLD.project_id AND NEW.project_id IS NOT NULL
+       AND EXISTS (SELECT 1 FROM dispatch.schedules s
+                   WHERE s.calendar_id = NEW.id AND s.project_id <> NEW.project_id AND s.deleted_at IS NULL) THEN
+        RAISE EXCEPTION 'calendar %: project_id cannot become % while schedules of other projects use it', NEW.name,
+                        quote_literal(NEW.project_id)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Point those schedules at another calendar first (schedules.calendar_id).';
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        NEW.updated_at := now();
+    END IF;
+    RETURN NEW;
+END
+$_$;
+
+
+--
+-- Name: _calendar_exclusion_before_write(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._calendar_exclusion_before_write() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    problem text;
+    hint text;
+BEGIN
+    IF NEW.days IS NULL AND (NEW.starts IS NULL OR NEW.ends IS NULL) THEN
+        problem := 'a calendar exclusion needs starts and ends (a period), or days (every week)';
+    ELSIF NEW.days IS NOT NULL AND (NEW.starts IS NOT NULL OR NEW.ends IS NOT NULL) THEN
+        problem := 'starts and ends exclude days: a calendar exclusion is a period or a weekly rule, not both';
+    ELSIF NEW.days IS NULL AND (NEW.from_time IS NOT NULL OR NEW.until_time IS NOT NULL) THEN
+        problem := 'from_time and until_time apply to a weekly exclusion (days), not to a period';
+    ELSIF NOT isfinite(NEW.starts) OR NOT isfinite(NEW.ends) THEN
+        problem := 'starts and ends must be finite wall-clock times';
+    ELSIF NEW.ends <= NEW.starts THEN
+        problem := format('ends (%s) must be after starts (%s)', NEW.ends, NEW.starts);
+        hint := 'A whole day D is starts D, ends D + 1 (midnight to midnight).';
+    ELSIF NEW.days IS NOT NULL
+          AND (cardinality(NEW.days) NOT BETWEEN 1 AND 7 OR NOT NEW.days <@ '{1,2,3,4,5,6,7}'
+               OR array_position(NEW.days, NULL) IS NOT NULL) THEN
+        problem := format('days must list ISO days of the week, 1 (Monday) to 7 (Sunday), not %s', NEW.days);
+    ELSIF NEW.days IS NOT NULL THEN
+        NEW.from_time := coalesce(NEW.from_time, time '00:00');
+        NEW.until_time := coalesce(NEW.until_time, time '24:00');
+        IF NEW.until_time <= NEW.from_time THEN
+            problem := format('until_time (%s) must be after from_time (%s)', NEW.until_time, NEW.from_time);
+            hint := 'A period that runs past midnight is two: until 24:00, and from 00:00 on the next day.';
+        END IF;
+        NEW.days := ARRAY(SELECT DISTINCT d FROM unnest(NEW.days) AS d ORDER BY d);
+    END IF;
+    IF problem IS NULL AND length(NEW.label) > 200 THEN
+        problem := 'label must be at most 200 characters';
+    END IF;
+    PERFORM dispatch._refuse(problem, hint);
+    RETURN NEW;
+END
+$$;
+
+
+--
+-- Name: _calendar_latest(dispatch.cron_spec, text, bigint, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._calendar_latest(spec dispatch.cron_spec, tz text, calendar_id bigint, lo timestamp with time zone, hi timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    slot timestamptz;
+    period_start timestamptz;
+BEGIN
+    FOR i IN 1..1000 LOOP
+        slot := dispatch._cron_latest(spec, lo, hi, tz);
+        EXIT WHEN slot IS NULL;
+        SELECT p.starts_at INTO period_start FROM dispatch._calendar_period(calendar_id, slot) p;
+        EXIT WHEN NOT FOUND;
+        hi := period_start - interval '1 microsecond';
+        slot := NULL;
+    END LOOP;
+    RETURN slot;
+END
+$$;
+
+
+--
+-- Name: _calendar_lets_bulk(bigint, timestamp with time zone, bigint, text, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._calendar_lets_bulk(calendar_id bigint, slot timestamp with time zone, every_us bigint, catchup text, horizon timestamp with time zone) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT (catchup = 'all' OR horizon - slot < coalesce(every_us * interval '1 microsecond', interval '1 minute'))
+           AND NOT dispatch.calendar_excludes(calendar_id, slot)
+$$;
+
+
+--
+-- Name: _calendar_period(bigint, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._calendar_period(calendar_id bigint, at timestamp with time zone, OUT calendar text, OUT starts_at timestamp with time zone, OUT ends_at timestamp with time zone, OUT label text) RETURNS SETOF record
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT c.name, p.starts_at, p.ends_at, p.label
+    FROM dispatch.calendar_periods(_calendar_period.calendar_id, _calendar_period.at,
+                                   _calendar_period.at + interval '1 microsecond') p
+    JOIN dispatch.calendars c ON c.id = _calendar_period.calendar_id
+    ORDER BY p.ends_at DESC
+    LIMIT 1
+$$;
+
+
+--
+-- Name: _calendar_slot(dispatch.cron_spec, text, bigint, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._calendar_slot(spec dispatch.cron_spec, tz text, calendar_id bigint, slot timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    period_end timestamptz;
+BEGIN
+    FOR i IN 1..1000 LOOP
+        EXIT WHEN slot IS NULL OR NOT isfinite(slot);
+        SELECT p.ends_at INTO period_end FROM dispatch._calendar_period(calendar_id, slot) p;
+        EXIT WHEN NOT FOUND;
+        slot := dispatch.cron_spec_next(spec, greatest(period_end - interval '1 microsecond', slot), tz);
+    END LOOP;
+    RETURN slot;
+END
+$$;
+
+
+--
 -- Name: schedules; Type: TABLE; Schema: dispatch; Owner: -
 --
 
@@ -551,6 +707,7 @@ CREATE TABLE dispatch.schedules (
     ended_reason text,
     pause_after_failures integer,
     traceparent text,
+    calendar_id bigint,
     CONSTRAINT schedules_anchor_check CHECK (((anchor IS NULL) = (every IS NULL))),
     CONSTRAINT schedules_args_check CHECK ((jsonb_typeof(args) = 'object'::text)),
     CONSTRAINT schedules_backoff_check CHECK (((backoff_reason IS NULL) OR (next_run_at IS NOT NULL))),
@@ -824,6 +981,13 @@ COMMENT ON COLUMN dispatch.schedules.traceparent IS 'A W3C traceparent that the 
 
 
 --
+-- Name: COLUMN schedules.calendar_id; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.schedules.calendar_id IS 'An exclusion calendar (dispatch.calendars, the project''s own or a shared one): its slots inside the calendar''s periods do not run and are recorded as a gap (reason calendar). NULL: none.';
+
+
+--
 -- Name: _check_bounds(dispatch.schedules, dispatch.schedules); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -856,6 +1020,31 @@ BEGIN
         hint := 'For more slots than that, bound the schedule with ends_at.';
     END IF;
     PERFORM dispatch._refuse(problem, hint);
+END
+$$;
+
+
+--
+-- Name: _check_calendar(text, bigint); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._check_calendar(project_id text, calendar_id bigint) RETURNS void
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    c dispatch.calendars;
+BEGIN
+    SELECT * INTO c FROM dispatch.calendars x WHERE x.id = _check_calendar.calendar_id;
+    IF NOT FOUND THEN
+        PERFORM dispatch._refuse(format('calendar_id %s is not a calendar', calendar_id),
+                                 'SELECT id, project_id, name FROM dispatch.calendars lists them.');
+    ELSIF c.project_id <> _check_calendar.project_id THEN
+        PERFORM dispatch._refuse(
+            format('calendar_id %s: calendar %s belongs to project %s, not to %s', calendar_id, quote_literal(c.name),
+                   quote_literal(c.project_id), quote_literal(_check_calendar.project_id)),
+            'A schedule may use its own project''s calendars and the shared ones (project_id NULL).');
+    END IF;
 END
 $$;
 
@@ -1507,6 +1696,9 @@ BEGIN
               AND (s.project_id, s.next_run_at) <= (p.project_id, horizon)
               AND s.overlap <> 'allow' AND s.backoff_reason IS NULL
               AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
+              AND (s.calendar_id IS NULL
+                   OR dispatch._calendar_lets_bulk(s.calendar_id, s.next_run_at, (s.cron_spec).every_us, s.catchup,
+                                                   horizon))
               AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
                               WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running'))
               AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
@@ -1716,6 +1908,26 @@ CREATE FUNCTION dispatch._every_slot(spec dispatch.cron_spec, k numeric) RETURNS
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$ SELECT spec.anchor + (k * spec.every_us)::bigint * interval '1 microsecond' $$;
+
+
+--
+-- Name: _excluded_detail(timestamp with time zone, record, timestamp with time zone, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._excluded_detail(slot timestamp with time zone, period record, after timestamp with time zone, tz text) RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    RETURN format('slot %s falls in calendar %s (%s, %s to %s): it does not run (a gap, calendar); %s',
+                  dispatch._instant(slot), period.calendar, coalesce(quote_literal(period.label), 'excluded'),
+                  dispatch._instant(period.starts_at), dispatch._instant(period.ends_at),
+                  CASE WHEN after IS NULL OR NOT isfinite(after) THEN 'no slot after it runs: the schedule ends there'
+                       ELSE format('the next slot that runs is %s%s', dispatch._instant(after),
+                                   CASE WHEN tz <> 'UTC' THEN format(' (%s %s)', to_char(after AT TIME ZONE tz, 'Dy HH24:MI'), tz)
+                                        ELSE '' END) END);
+END
+$$;
 
 
 --
@@ -2188,7 +2400,10 @@ BEGIN
         WITH due AS MATERIALIZED (
             SELECT s.id, s.ctid AS tid, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
                    s.overlap <> 'allow' AND o.open = 0 AND s.backoff_reason IS NULL
-                   AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter) AS plain
+                   AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
+                   AND (s.calendar_id IS NULL
+                        OR dispatch._calendar_lets_bulk(s.calendar_id, s.next_run_at, (s.cron_spec).every_us,
+                                                        s.catchup, horizon)) AS plain
             FROM dispatch.schedules s
             -- Its open runs: one probe of runs_open_idx. Under skip, and for a chunk, any open
             -- run leaves the schedule alone, unlocked: that is how later chunks and the tick
@@ -2204,7 +2419,10 @@ BEGIN
               AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
               AND (_mark_due.max_runs IS NULL
                    OR (s.overlap <> 'allow' AND o.open = 0 AND s.backoff_reason IS NULL
-                       AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)))
+                       AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
+                       AND (s.calendar_id IS NULL
+                            OR dispatch._calendar_lets_bulk(s.calendar_id, s.next_run_at, (s.cron_spec).every_us,
+                                                            s.catchup, horizon))))
             LIMIT _mark_due.max_runs - taken  -- NULL: all
             FOR NO KEY UPDATE OF s SKIP LOCKED
         )
@@ -2521,10 +2739,10 @@ $$;
 
 
 --
--- Name: _record_gaps(uuid[], timestamp with time zone[], timestamp with time zone[], text); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _record_gaps(uuid[], timestamp with time zone[], timestamp with time zone[], text, jsonb); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text) RETURNS integer
+CREATE FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text, extra jsonb DEFAULT NULL::jsonb) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -2545,7 +2763,7 @@ BEGIN
         SELECT NULL, g.project_id, 'schedule.slots.skipped', jsonb_build_object(
                    'scheduleId', g.id, 'functionName', g.function_name, 'first', p.first_slot,
                    'last', p.last_slot, 'count', p.slots, 'countIsAtLeast', p.at_least,
-                   'reason', _record_gaps.reason)
+                   'reason', _record_gaps.reason) || coalesce(_record_gaps.extra, '{}')
         FROM gap g
         JOIN span p ON p.cron_spec = g.cron_spec AND p.timezone = g.timezone AND p.lo = g.lo AND p.hi = g.hi
         WHERE p.first_slot IS NOT NULL
@@ -2784,7 +3002,8 @@ BEGIN
         WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled',
                         'deleted_at', 'max_attempts', 'retry_backoff', 'retry_backoff_max', 'timeout',
                         'misfire_grace', 'catchup', 'overlap', 'every', 'anchor', 'jitter', 'run_at',
-                        'starts_at', 'ends_at', 'max_runs', 'pause_after_failures', 'traceparent')
+                        'starts_at', 'ends_at', 'max_runs', 'pause_after_failures', 'traceparent',
+                        'calendar_id')
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -2914,6 +3133,11 @@ BEGIN
                                        NEW.starts_at, NEW.ends_at, NEW.max_runs, NEW.timezone) END;
     END IF;
     PERFORM dispatch._check_policies(NEW);
+    IF NEW.calendar_id IS NOT NULL
+       AND (TG_OP = 'INSERT' OR NEW.calendar_id IS DISTINCT FROM OLD.calendar_id
+            OR NEW.project_id IS DISTINCT FROM OLD.project_id) THEN
+        PERFORM dispatch._check_calendar(NEW.project_id, NEW.calendar_id);
+    END IF;
     IF TG_OP = 'INSERT' OR NEW.traceparent IS DISTINCT FROM OLD.traceparent THEN
         PERFORM dispatch._check_traceparent(NEW.traceparent, 'traceparent');
     END IF;
@@ -3408,7 +3632,9 @@ BEGIN
                              AND r.kind <> 'backfill') THEN
             target := CASE WHEN slot_run.id IS NULL THEN s.next_run_at
                            ELSE dispatch.cron_spec_next(s.cron_spec, s.next_run_at, s.timezone) END;
-            IF target <= horizon THEN
+            -- (a slot the calendar excludes is not buffered: it passes while the run is open)
+            IF target <= horizon
+               AND (s.calendar_id IS NULL OR NOT dispatch.calendar_excludes(s.calendar_id, target)) THEN
                 INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, not_before)
                 VALUES (s.id, s.project_id, target, target + dispatch.jitter_offset(s.id, target, s.jitter), 'infinity')
                 ON CONFLICT DO NOTHING;
@@ -3428,22 +3654,43 @@ BEGIN
         first_in_grace := dispatch.cron_spec_next(s.cron_spec, dispatch._skip_missed(s, s.next_run_at, cut, horizon),
                                                   s.timezone);
     END IF;
+    -- A slot in a period of the schedule's calendar does not run: on to its first slot after
+    -- the period (a gap, calendar; 'infinity' ends a bounded rule).
+    IF s.calendar_id IS NOT NULL AND first_in_grace <= horizon THEN
+        target := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, first_in_grace);
+        IF target > first_in_grace THEN
+            PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[first_in_grace - interval '1 microsecond'], ARRAY[target],
+                                          'calendar', (SELECT jsonb_build_object('calendar', c.name)
+                                                       FROM dispatch.calendars c WHERE c.id = s.calendar_id));
+            first_in_grace := target;
+        END IF;
+    END IF;
     IF first_in_grace > horizon THEN  -- nothing left to run: on to the next slot
         UPDATE dispatch.schedules SET next_run_at = first_in_grace WHERE id = s.id;
         RETURN 0;
     END IF;
 
     IF s.catchup = 'all' AND s.overlap = 'allow' THEN
-        -- every slot in the grace, at once (allow: slots do not wait for one another)
+        -- every slot in the grace, at once (allow: slots do not wait for one another), up to one
+        -- the calendar excludes (the next tick records it)
         slots := first_in_grace || ARRAY(SELECT dispatch._cron_slots(s.cron_spec, first_in_grace, horizon,
                                                                      s.timezone, 999));
+        IF s.calendar_id IS NOT NULL THEN
+            slots := slots[1:coalesce((SELECT min(k) - 1 FROM unnest(slots) WITH ORDINALITY AS x(slot, k)
+                                       WHERE dispatch.calendar_excludes(s.calendar_id, x.slot)),
+                                      cardinality(slots))];
+        END IF;
     ELSIF s.catchup = 'all' THEN
         slots := ARRAY[first_in_grace];  -- the oldest; the next once it finished (one open run at a time)
     ELSE
-        -- latest: only the most recent; the older ones in the grace are coalesced into it (a
-        -- gap: catch-up)
-        slots := ARRAY[coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
-                                                      horizon, s.timezone), first_in_grace)];
+        -- latest: only the most recent (outside the calendar); the older ones in the grace are
+        -- coalesced into it (a gap: catch-up)
+        slots := ARRAY[coalesce(CASE WHEN s.calendar_id IS NULL
+                                     THEN dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
+                                                                horizon, s.timezone)
+                                     ELSE dispatch._calendar_latest(s.cron_spec, s.timezone, s.calendar_id,
+                                                                    first_in_grace - interval '1 microsecond', horizon)
+                                END, first_in_grace)];
         PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[first_in_grace - interval '1 microsecond'], slots,
                                       'catch-up');
     END IF;
@@ -3546,6 +3793,35 @@ COMMENT ON FUNCTION dispatch._waits_its_turn(r dispatch.runs) IS 'Whether a run 
 
 
 --
+-- Name: _wall_instant(timestamp without time zone, text); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._wall_instant(wall timestamp without time zone, tz text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    c timestamptz := wall AT TIME ZONE tz;  -- PostgreSQL reads a skipped or repeated time with the standard offset
+    k timestamptz;
+BEGIN
+    IF (c AT TIME ZONE tz) <> wall THEN
+        RETURN dispatch._tz_transition(c - interval '24 hours', c + interval '24 hours', tz);
+    END IF;
+    k := c - interval '24 hours';
+    k := (wall - ((k AT TIME ZONE tz) - (k AT TIME ZONE 'UTC'))) AT TIME ZONE 'UTC';
+    RETURN CASE WHEN k < c AND (k AT TIME ZONE tz) = wall THEN k ELSE c END;
+END
+$$;
+
+
+--
+-- Name: FUNCTION _wall_instant(wall timestamp without time zone, tz text); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch._wall_instant(wall timestamp without time zone, tz text) IS 'A wall-clock time in zone tz as an instant, by the fixed-time DST rule of cron expressions: a time that a spring-forward skips is the instant of the jump, one that a fall-back repeats its first occurrence.';
+
+
+--
 -- Name: backfill(uuid, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -3586,6 +3862,7 @@ BEGIN
     SELECT s.id, s.project_id, slot, slot, 'backfill', 'infinity'
     FROM unnest(slots) AS slot
     WHERE NOT EXISTS (SELECT 1 FROM dispatch.runs x WHERE x.schedule_id = s.id AND x.scheduled_for = slot)
+      AND (s.calendar_id IS NULL OR NOT dispatch.calendar_excludes(s.calendar_id, slot))  -- never to run
     ON CONFLICT DO NOTHING;
     GET DIAGNOSTICS marked = ROW_COUNT;
     IF cardinality(slots) = 10000 THEN
@@ -3605,7 +3882,7 @@ $$;
 -- Name: FUNCTION backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone) IS 'Mark each slot of the schedule in [from_ts, to_ts) that has no run yet as a run of kind backfill (at most 10,000 a call, a NOTICE says where to go on), before the schedule''s next slot and now; returns how many. They are dispatched one at a time, oldest first, whenever nothing else of the schedule is open: its own slots go first and wait for one backfill run at most. Refused: 22023 when from_ts or to_ts is not a finite instant or from_ts is not before to_ts, 55000 for a deleted, paused or disabled schedule, P0002 for an unknown id. Audited as schedule.backfill with the actor (session_user).';
+COMMENT ON FUNCTION dispatch.backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone) IS 'Mark each slot of the schedule in [from_ts, to_ts) that has no run yet and that its calendar does not exclude as a run of kind backfill (at most 10,000 a call, a NOTICE says where to go on), before the schedule''s next slot and now; returns how many. They are dispatched one at a time, oldest first, whenever nothing else of the schedule is open: its own slots go first and wait for one backfill run at most. Refused: 22023 when from_ts or to_ts is not a finite instant or from_ts is not before to_ts, 55000 for a deleted, paused or disabled schedule, P0002 for an unknown id. Audited as schedule.backfill with the actor (session_user).';
 
 
 --
@@ -3677,6 +3954,59 @@ $$;
 --
 
 COMMENT ON FUNCTION dispatch.breaker_states() IS 'The circuit breakers that are open or counting failures: state, consecutive retryable failures, when it opened, probes sent since, when the next may go, whether one is out, how many runs wait behind it, the last error. What listeners export as pgdispatch_breaker_open{project,function}.';
+
+
+--
+-- Name: calendar_excludes(bigint, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.calendar_excludes(calendar_id bigint, at timestamp with time zone) RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT EXISTS (SELECT 1 FROM dispatch._calendar_period(calendar_excludes.calendar_id, calendar_excludes.at))
+$$;
+
+
+--
+-- Name: FUNCTION calendar_excludes(calendar_id bigint, at timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.calendar_excludes(calendar_id bigint, at timestamp with time zone) IS 'Whether the instant lies in one of the calendar''s excluded periods (a slot there does not run).';
+
+
+--
+-- Name: calendar_periods(bigint, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamp with time zone, to_ts timestamp with time zone) RETURNS TABLE(starts_at timestamp with time zone, ends_at timestamp with time zone, exclusion_id bigint, label text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT p.lo, p.hi, e.id, e.label
+    FROM dispatch.calendars c
+    JOIN dispatch.calendar_exclusions e ON e.calendar_id = c.id
+    CROSS JOIN LATERAL (
+        SELECT dispatch._wall_instant(e.starts, c.timezone) AS lo, dispatch._wall_instant(e.ends, c.timezone) AS hi
+        WHERE e.days IS NULL
+      UNION ALL
+        -- each day of the week's rule, from the local day before from_ts (a period that began
+        -- then may still run) to the local day of to_ts
+        SELECT dispatch._wall_instant(x.d + e.from_time, c.timezone), dispatch._wall_instant(x.d + e.until_time, c.timezone)
+        FROM generate_series(date_trunc('day', calendar_periods.from_ts AT TIME ZONE c.timezone) - interval '1 day',
+                             calendar_periods.to_ts AT TIME ZONE c.timezone, interval '1 day') AS x(d)
+        WHERE e.days IS NOT NULL AND extract(isodow FROM x.d)::smallint = ANY (e.days)
+    ) p
+    WHERE c.id = calendar_periods.calendar_id AND p.hi > calendar_periods.from_ts AND p.lo < calendar_periods.to_ts
+    ORDER BY p.lo, p.hi, e.id
+$$;
+
+
+--
+-- Name: FUNCTION calendar_periods(calendar_id bigint, from_ts timestamp with time zone, to_ts timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamp with time zone, to_ts timestamp with time zone) IS 'The excluded periods of a calendar that overlap [from_ts, to_ts), as instants [starts_at, ends_at) with the exclusion they come from, earliest first: one row for a period, one for each day of a weekly exclusion. Wall-clock boundaries that daylight saving time skips or repeats are placed by the fixed-time rule of cron expressions.';
 
 
 --
@@ -4728,6 +5058,10 @@ DECLARE
     gap_last timestamptz;
     gap_slots integer;
     gap_at_least boolean;
+    excl record;          -- the calendar's period that holds the slot at hand
+    no_period record;
+    after_excl timestamptz;  -- the first slot after it that runs
+    shown integer;
 BEGIN
     SELECT * INTO s FROM dispatch.schedules x WHERE x.id = explain.schedule_id;
     IF NOT FOUND THEN
@@ -4741,6 +5075,9 @@ BEGIN
                   HINT = 'Leave it out for the last day: dispatch.explain(id).';
     END IF;
     stopped := dispatch._stopped_as(s);
+    SELECT NULL::text AS calendar, NULL::timestamptz AS starts_at, NULL::timestamptz AS ends_at, NULL::text AS label
+    INTO no_period;
+    excl := no_period;
     computable := dispatch._explain_next(s.cron_spec, now(), s.timezone) IS NOT NULL;
     SELECT * INTO slot_run FROM dispatch.runs r
     WHERE r.schedule_id = s.id AND r.scheduled_for = s.next_run_at;
@@ -4888,10 +5225,22 @@ BEGIN
                                                           s.timezone), s.next_run_at);
             first_in_grace := dispatch.cron_spec_next(s.cron_spec, last_missed, s.timezone);
         END IF;
+        IF s.calendar_id IS NOT NULL AND first_in_grace <= now() THEN
+            SELECT * INTO excl FROM dispatch._calendar_period(s.calendar_id, first_in_grace);
+            after_excl := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, first_in_grace);
+        END IF;
         target := CASE WHEN s.catchup = 'all' THEN first_in_grace
+                       WHEN s.calendar_id IS NOT NULL
+                       THEN coalesce(dispatch._calendar_latest(s.cron_spec, s.timezone, s.calendar_id,
+                                                               first_in_grace - interval '1 microsecond', now()),
+                                     first_in_grace)
                        ELSE coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
                                                            now(), s.timezone), first_in_grace) END;
-        IF first_in_grace > now() THEN
+        IF excl.calendar IS NOT NULL THEN
+            item := 'excluded';
+            at := first_in_grace;
+            detail := dispatch._excluded_detail(first_in_grace, excl, after_excl, s.timezone);
+        ELSIF first_in_grace > now() THEN
             item := 'missed';
             at := CASE WHEN isfinite(first_in_grace) THEN first_in_grace END;
             detail := format('its slots from %s to %s are beyond misfire_grace (%s): the next tick records them skipped, never invoked, and %s',
@@ -4934,6 +5283,14 @@ BEGIN
                         ELSE '' END
                 || CASE WHEN listening THEN '' ELSE ' (no listener is connected: pg_cron''s minutely tick marks it)' END;
         END IF;
+    ELSIF s.calendar_id IS NOT NULL
+          AND EXISTS (SELECT 1 FROM dispatch._calendar_period(s.calendar_id, s.next_run_at)) THEN
+        SELECT * INTO excl FROM dispatch._calendar_period(s.calendar_id, s.next_run_at);
+        after_excl := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, s.next_run_at);
+        item := 'excluded';
+        at := s.next_run_at;
+        detail := dispatch._excluded_detail(s.next_run_at, excl, after_excl, s.timezone)
+            || CASE WHEN head.id IS NOT NULL THEN format('; run %s is open beside it (overlap allow)', head.id) ELSE '' END;
     ELSE
         item := 'live';
         at := s.next_run_at + dispatch.jitter_offset(s.id, s.next_run_at, s.jitter);
@@ -4998,6 +5355,8 @@ BEGIN
                 first_next := target;
             ELSIF item = 'missed' THEN
                 first_next := first_in_grace;
+            ELSIF item = 'excluded' THEN
+                first_next := after_excl;
             ELSIF (slot_run.id IS NOT NULL AND slot_run.status IN ('pending', 'running')) OR s.next_run_at <= now() THEN
                 first_next := dispatch.cron_spec_next(s.cron_spec, greatest(s.next_run_at, now()), s.timezone);
                 IF head.id IS NOT NULL AND s.overlap = 'skip' THEN
@@ -5007,7 +5366,10 @@ BEGIN
                 first_next := s.next_run_at;
             END IF;
             slot := first_next;
-            FOR k IN 1..3 LOOP
+            k := 0;
+            shown := 0;
+            -- three slots that run, and before them up to three periods of the calendar
+            WHILE k < 3 AND shown < 6 LOOP
                 section := 'next';
                 IF slot IS NULL OR NOT isfinite(slot) THEN
                     -- a bounded rule past its last slot
@@ -5019,6 +5381,22 @@ BEGIN
                     RETURN NEXT;
                     EXIT;
                 END IF;
+                excl := no_period;
+                IF s.calendar_id IS NOT NULL THEN
+                    SELECT * INTO excl FROM dispatch._calendar_period(s.calendar_id, slot);
+                END IF;
+                shown := shown + 1;
+                IF excl.calendar IS NOT NULL THEN
+                    item := 'excluded';
+                    at := slot;
+                    run_id := NULL;
+                    after_excl := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, slot);
+                    detail := dispatch._excluded_detail(slot, excl, after_excl, s.timezone) || next_note;
+                    RETURN NEXT;
+                    slot := after_excl;
+                    CONTINUE;
+                END IF;
+                k := k + 1;
                 item := 'slot';
                 at := slot;
                 run_id := NULL;
@@ -5079,6 +5457,7 @@ BEGIN
                           WHEN 'misfire' THEN 'were beyond misfire_grace (too many for a skipped run each)'
                           WHEN 'pause' THEN 'fell in a pause'
                           WHEN 'disabled' THEN 'fell while it was disabled'
+                          WHEN 'calendar' THEN format('fell in a period of calendar %s', a.metadata->>'calendar')
                           ELSE 'did not run' END,
                       dispatch._instant(a.at)) AS detail
         FROM dispatch.audit_log a
@@ -5128,7 +5507,7 @@ $$;
 -- Name: FUNCTION explain(schedule_id uuid, since timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone) IS 'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, breaker (held by its function''s open circuit breaker), capped (due, but its project''s max_concurrency leaves the next claim no room for it, or an open transaction holds the project''s row), buffered, backed_off, ended (a one-shot or bounded schedule past its last slot, and why), paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots, each with the instant its jitter fires it at; an end row where a bounded rule has no more), run (the last five finished runs, the latest slot first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';
+COMMENT ON FUNCTION dispatch.explain(schedule_id uuid, since timestamp with time zone) IS 'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, breaker (held by its function''s open circuit breaker), capped (due, but its project''s max_concurrency leaves the next claim no room for it, or an open transaction holds the project''s row), buffered, backed_off, ended (a one-shot or bounded schedule past its last slot, and why), excluded (its slot falls in a period of its calendar: which calendar and period, and the next slot that runs), paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots that run, each with the instant its jitter fires it at; an excluded row for each period of its calendar they pass over; an end row where a bounded rule has no more), run (the last five finished runs, the latest slot first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled, calendar), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';
 
 
 --
@@ -5777,7 +6156,7 @@ CREATE FUNCTION dispatch.skipped_slots_after(after_id bigint) RETURNS TABLE(reas
         SELECT coalesce(max(s.id), after_id, 0) AS id FROM since s
     )
     SELECT r.reason, coalesce(sum((s.metadata->>'count')::bigint), 0), count(s.id), (SELECT l.id FROM last l)
-    FROM unnest(ARRAY['overlap', 'catch-up', 'misfire', 'pause', 'disabled']) AS r(reason)
+    FROM unnest(ARRAY['overlap', 'catch-up', 'misfire', 'pause', 'disabled', 'calendar']) AS r(reason)
     LEFT JOIN since s ON s.metadata->>'reason' = r.reason AND after_id IS NOT NULL
     GROUP BY r.reason
 $$;
@@ -5787,7 +6166,7 @@ $$;
 -- Name: FUNCTION skipped_slots_after(after_id bigint); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch.skipped_slots_after(after_id bigint) IS 'The slots in gaps recorded (audit action schedule.slots.skipped) after audit row after_id, by reason (overlap, catch-up, misfire, pause, disabled): how many slots, how many gaps, and the id to pass next time; with NULL, zeros and where to start. What listeners export as pgdispatch_slots_skipped_total{reason}.';
+COMMENT ON FUNCTION dispatch.skipped_slots_after(after_id bigint) IS 'The slots in gaps recorded (audit action schedule.slots.skipped) after audit row after_id, by reason (overlap, catch-up, misfire, pause, disabled, calendar): how many slots, how many gaps, and the id to pass next time; with NULL, zeros and where to start. What listeners export as pgdispatch_slots_skipped_total{reason}.';
 
 
 --
@@ -5929,6 +6308,143 @@ COMMENT ON COLUMN dispatch.audit_log.metadata IS 'For runs: scheduleId, requestI
 
 ALTER TABLE dispatch.audit_log ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME dispatch.audit_log_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: calendar_exclusions; Type: TABLE; Schema: dispatch; Owner: -
+--
+
+CREATE TABLE dispatch.calendar_exclusions (
+    id bigint NOT NULL,
+    calendar_id bigint NOT NULL,
+    label text,
+    starts timestamp without time zone,
+    ends timestamp without time zone,
+    days smallint[],
+    from_time time without time zone,
+    until_time time without time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT calendar_exclusions_days_check CHECK ((((cardinality(days) >= 1) AND (cardinality(days) <= 7)) AND (days <@ '{1,2,3,4,5,6,7}'::smallint[]) AND (array_position(days, NULL::smallint) IS NULL))),
+    CONSTRAINT calendar_exclusions_ends_check CHECK (((ends > starts) AND isfinite(starts) AND isfinite(ends))),
+    CONSTRAINT calendar_exclusions_label_check CHECK ((length(label) <= 200)),
+    CONSTRAINT calendar_exclusions_shape_check CHECK ((((starts IS NOT NULL) AND (ends IS NOT NULL) AND (days IS NULL) AND (from_time IS NULL) AND (until_time IS NULL)) OR ((starts IS NULL) AND (ends IS NULL) AND (days IS NOT NULL) AND (from_time IS NOT NULL) AND (until_time IS NOT NULL)))),
+    CONSTRAINT calendar_exclusions_until_time_check CHECK ((until_time > from_time))
+);
+
+
+--
+-- Name: TABLE calendar_exclusions; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.calendar_exclusions IS 'The periods of a calendar, in its zone''s wall-clock time: either one period [starts, ends), or every week on days (ISO: 1 Monday to 7 Sunday) from from_time until until_time (24:00 for the end of the day). A boundary that daylight saving time skips or repeats is placed by the fixed-time rule of cron expressions.';
+
+
+--
+-- Name: COLUMN calendar_exclusions.starts; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.calendar_exclusions.starts IS 'A period''s first excluded wall-clock time (a date alone: its midnight).';
+
+
+--
+-- Name: COLUMN calendar_exclusions.ends; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.calendar_exclusions.ends IS 'The wall-clock time the period ends at, not excluded itself (a whole day D: D + 1 at midnight).';
+
+
+--
+-- Name: COLUMN calendar_exclusions.days; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.calendar_exclusions.days IS 'A weekly exclusion''s days, ISO numbers: 1 Monday to 7 Sunday.';
+
+
+--
+-- Name: COLUMN calendar_exclusions.from_time; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.calendar_exclusions.from_time IS 'A weekly exclusion''s first excluded wall-clock time on each of its days (default 00:00).';
+
+
+--
+-- Name: COLUMN calendar_exclusions.until_time; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.calendar_exclusions.until_time IS 'A weekly exclusion''s end on each of its days, not excluded itself (default 24:00, the end of the day).';
+
+
+--
+-- Name: calendar_exclusions_id_seq; Type: SEQUENCE; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE dispatch.calendar_exclusions ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME dispatch.calendar_exclusions_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: calendars; Type: TABLE; Schema: dispatch; Owner: -
+--
+
+CREATE TABLE dispatch.calendars (
+    id bigint NOT NULL,
+    project_id text,
+    name text NOT NULL,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    description text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT calendars_description_check CHECK ((length(description) <= 1000)),
+    CONSTRAINT calendars_name_check CHECK ((name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$'::text))
+);
+
+
+--
+-- Name: TABLE calendars; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON TABLE dispatch.calendars IS 'Named exclusion calendars: the periods (dispatch.calendar_exclusions) in which the slots of the schedules that refer to one (schedules.calendar_id) do not run. Written by dispatch_admin.';
+
+
+--
+-- Name: COLUMN calendars.project_id; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.calendars.project_id IS 'The project whose schedules may use it; NULL: shared by every project.';
+
+
+--
+-- Name: COLUMN calendars.name; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.calendars.name IS 'Unique within its project (or among the shared calendars): letters, digits, _ . -';
+
+
+--
+-- Name: COLUMN calendars.timezone; Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON COLUMN dispatch.calendars.timezone IS 'The zone in which its exclusions'' wall-clock times are read (a name from pg_timezone_names), whatever the schedules'' own zones.';
+
+
+--
+-- Name: calendars_id_seq; Type: SEQUENCE; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE dispatch.calendars ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME dispatch.calendars_id_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -6316,6 +6832,30 @@ ALTER TABLE ONLY dispatch.breakers
 
 
 --
+-- Name: calendar_exclusions calendar_exclusions_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.calendar_exclusions
+    ADD CONSTRAINT calendar_exclusions_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: calendars calendars_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.calendars
+    ADD CONSTRAINT calendars_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: calendars calendars_project_name_key; Type: CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.calendars
+    ADD CONSTRAINT calendars_project_name_key UNIQUE NULLS NOT DISTINCT (project_id, name);
+
+
+--
 -- Name: event_deliveries event_deliveries_pkey; Type: CONSTRAINT; Schema: dispatch; Owner: -
 --
 
@@ -6430,6 +6970,13 @@ CREATE INDEX breakers_open_idx ON dispatch.breakers USING btree (project_id, fun
 
 
 --
+-- Name: calendar_exclusions_calendar_id_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX calendar_exclusions_calendar_id_idx ON dispatch.calendar_exclusions USING btree (calendar_id);
+
+
+--
 -- Name: event_deliveries_created_at_brin_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
@@ -6493,6 +7040,13 @@ CREATE INDEX runs_running_lease_idx ON dispatch.runs USING btree (lease_until) W
 
 
 --
+-- Name: schedules_calendar_id_idx; Type: INDEX; Schema: dispatch; Owner: -
+--
+
+CREATE INDEX schedules_calendar_id_idx ON dispatch.schedules USING btree (calendar_id) WHERE (calendar_id IS NOT NULL);
+
+
+--
 -- Name: schedules_next_run_at_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
@@ -6521,6 +7075,20 @@ CREATE TRIGGER _100_fire_at BEFORE INSERT ON dispatch.runs FOR EACH ROW WHEN ((n
 
 
 --
+-- Name: calendar_exclusions _100_validate; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _100_validate BEFORE INSERT OR UPDATE ON dispatch.calendar_exclusions FOR EACH ROW EXECUTE FUNCTION dispatch._calendar_exclusion_before_write();
+
+
+--
+-- Name: calendars _100_validate; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _100_validate BEFORE INSERT OR UPDATE ON dispatch.calendars FOR EACH ROW EXECUTE FUNCTION dispatch._calendar_before_write();
+
+
+--
 -- Name: schedules _100_validate_insert; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
@@ -6531,7 +7099,7 @@ CREATE TRIGGER _100_validate_insert BEFORE INSERT ON dispatch.schedules FOR EACH
 -- Name: schedules _100_validate_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs, pause_after_failures, traceparent ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
+CREATE TRIGGER _100_validate_update BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs, pause_after_failures, traceparent, calendar_id ON dispatch.schedules FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
 
 
 --
@@ -6587,7 +7155,7 @@ CREATE TRIGGER _800_audit_insert AFTER INSERT ON dispatch.schedules FOR EACH ROW
 -- Name: schedules _800_audit_update; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
-CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs, pause_after_failures, traceparent ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts) OR (old.retry_backoff IS DISTINCT FROM new.retry_backoff) OR (old.retry_backoff_max IS DISTINCT FROM new.retry_backoff_max) OR (old.timeout IS DISTINCT FROM new.timeout) OR (old.misfire_grace IS DISTINCT FROM new.misfire_grace) OR (old.catchup IS DISTINCT FROM new.catchup) OR (old.overlap IS DISTINCT FROM new.overlap) OR (old.every IS DISTINCT FROM new.every) OR (old.anchor IS DISTINCT FROM new.anchor) OR (old.jitter IS DISTINCT FROM new.jitter) OR (old.run_at IS DISTINCT FROM new.run_at) OR (old.starts_at IS DISTINCT FROM new.starts_at) OR (old.ends_at IS DISTINCT FROM new.ends_at) OR (old.max_runs IS DISTINCT FROM new.max_runs) OR (old.pause_after_failures IS DISTINCT FROM new.pause_after_failures) OR (old.traceparent IS DISTINCT FROM new.traceparent))) EXECUTE FUNCTION dispatch._schedule_audit();
+CREATE TRIGGER _800_audit_update AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs, pause_after_failures, traceparent, calendar_id ON dispatch.schedules FOR EACH ROW WHEN (((old.project_id IS DISTINCT FROM new.project_id) OR (old.function_name IS DISTINCT FROM new.function_name) OR (old.cron_expression IS DISTINCT FROM new.cron_expression) OR (old.timezone IS DISTINCT FROM new.timezone) OR (old.args IS DISTINCT FROM new.args) OR (old.enabled IS DISTINCT FROM new.enabled) OR (old.deleted_at IS DISTINCT FROM new.deleted_at) OR (old.paused_at IS DISTINCT FROM new.paused_at) OR (old.max_attempts IS DISTINCT FROM new.max_attempts) OR (old.retry_backoff IS DISTINCT FROM new.retry_backoff) OR (old.retry_backoff_max IS DISTINCT FROM new.retry_backoff_max) OR (old.timeout IS DISTINCT FROM new.timeout) OR (old.misfire_grace IS DISTINCT FROM new.misfire_grace) OR (old.catchup IS DISTINCT FROM new.catchup) OR (old.overlap IS DISTINCT FROM new.overlap) OR (old.every IS DISTINCT FROM new.every) OR (old.anchor IS DISTINCT FROM new.anchor) OR (old.jitter IS DISTINCT FROM new.jitter) OR (old.run_at IS DISTINCT FROM new.run_at) OR (old.starts_at IS DISTINCT FROM new.starts_at) OR (old.ends_at IS DISTINCT FROM new.ends_at) OR (old.max_runs IS DISTINCT FROM new.max_runs) OR (old.pause_after_failures IS DISTINCT FROM new.pause_after_failures) OR (old.traceparent IS DISTINCT FROM new.traceparent) OR (old.calendar_id IS DISTINCT FROM new.calendar_id))) EXECUTE FUNCTION dispatch._schedule_audit();
 
 
 --
@@ -6605,11 +7173,27 @@ CREATE TRIGGER _900_notify AFTER INSERT OR UPDATE OF enabled, deleted_at, paused
 
 
 --
+-- Name: calendar_exclusions calendar_exclusions_calendar_id_fkey; Type: FK CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.calendar_exclusions
+    ADD CONSTRAINT calendar_exclusions_calendar_id_fkey FOREIGN KEY (calendar_id) REFERENCES dispatch.calendars(id) ON DELETE CASCADE;
+
+
+--
 -- Name: runs runs_schedule_id_fkey; Type: FK CONSTRAINT; Schema: dispatch; Owner: -
 --
 
 ALTER TABLE ONLY dispatch.runs
     ADD CONSTRAINT runs_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES dispatch.schedules(id) ON DELETE CASCADE;
+
+
+--
+-- Name: schedules schedules_calendar_id_fkey; Type: FK CONSTRAINT; Schema: dispatch; Owner: -
+--
+
+ALTER TABLE ONLY dispatch.schedules
+    ADD CONSTRAINT schedules_calendar_id_fkey FOREIGN KEY (calendar_id) REFERENCES dispatch.calendars(id);
 
 
 --
@@ -6647,6 +7231,52 @@ REVOKE ALL ON FUNCTION dispatch._audit_runs(finished dispatch.runs[]) FROM PUBLI
 --
 
 REVOKE ALL ON FUNCTION dispatch._breaker_outcomes(run_ids bigint[], all_ids bigint[], statuses text[], retryable boolean[], errors text[]) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _calendar_before_write(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._calendar_before_write() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _calendar_exclusion_before_write(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._calendar_exclusion_before_write() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _calendar_latest(spec dispatch.cron_spec, tz text, calendar_id bigint, lo timestamp with time zone, hi timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._calendar_latest(spec dispatch.cron_spec, tz text, calendar_id bigint, lo timestamp with time zone, hi timestamp with time zone) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _calendar_lets_bulk(calendar_id bigint, slot timestamp with time zone, every_us bigint, catchup text, horizon timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._calendar_lets_bulk(calendar_id bigint, slot timestamp with time zone, every_us bigint, catchup text, horizon timestamp with time zone) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _calendar_period(calendar_id bigint, at timestamp with time zone, OUT calendar text, OUT starts_at timestamp with time zone, OUT ends_at timestamp with time zone, OUT label text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._calendar_period(calendar_id bigint, at timestamp with time zone, OUT calendar text, OUT starts_at timestamp with time zone, OUT ends_at timestamp with time zone, OUT label text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._calendar_period(calendar_id bigint, at timestamp with time zone, OUT calendar text, OUT starts_at timestamp with time zone, OUT ends_at timestamp with time zone, OUT label text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._calendar_period(calendar_id bigint, at timestamp with time zone, OUT calendar text, OUT starts_at timestamp with time zone, OUT ends_at timestamp with time zone, OUT label text) TO dispatch_listener;
+
+
+--
+-- Name: FUNCTION _calendar_slot(spec dispatch.cron_spec, tz text, calendar_id bigint, slot timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._calendar_slot(spec dispatch.cron_spec, tz text, calendar_id bigint, slot timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._calendar_slot(spec dispatch.cron_spec, tz text, calendar_id bigint, slot timestamp with time zone) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._calendar_slot(spec dispatch.cron_spec, tz text, calendar_id bigint, slot timestamp with time zone) TO dispatch_listener;
 
 
 --
@@ -6826,6 +7456,13 @@ GRANT INSERT(traceparent),UPDATE(traceparent) ON TABLE dispatch.schedules TO dis
 
 
 --
+-- Name: COLUMN schedules.calendar_id; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(calendar_id),UPDATE(calendar_id) ON TABLE dispatch.schedules TO dispatch_admin;
+
+
+--
 -- Name: FUNCTION _check_bounds(s dispatch.schedules, was dispatch.schedules); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -6833,6 +7470,16 @@ REVOKE ALL ON FUNCTION dispatch._check_bounds(s dispatch.schedules, was dispatch
 GRANT ALL ON FUNCTION dispatch._check_bounds(s dispatch.schedules, was dispatch.schedules) TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch._check_bounds(s dispatch.schedules, was dispatch.schedules) TO dispatch_reader;
 GRANT ALL ON FUNCTION dispatch._check_bounds(s dispatch.schedules, was dispatch.schedules) TO dispatch_admin;
+
+
+--
+-- Name: FUNCTION _check_calendar(project_id text, calendar_id bigint); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._check_calendar(project_id text, calendar_id bigint) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._check_calendar(project_id text, calendar_id bigint) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._check_calendar(project_id text, calendar_id bigint) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._check_calendar(project_id text, calendar_id bigint) TO dispatch_admin;
 
 
 --
@@ -7018,6 +7665,13 @@ GRANT ALL ON FUNCTION dispatch._every_slot(spec dispatch.cron_spec, k numeric) T
 
 
 --
+-- Name: FUNCTION _excluded_detail(slot timestamp with time zone, period record, after timestamp with time zone, tz text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._excluded_detail(slot timestamp with time zone, period record, after timestamp with time zone, tz text) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _expire_leases(); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -7171,10 +7825,10 @@ GRANT ALL ON FUNCTION dispatch._prune_runs(after_id bigint, INOUT up_to bigint, 
 
 
 --
--- Name: FUNCTION _record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text, extra jsonb); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text, extra jsonb) FROM PUBLIC;
 
 
 --
@@ -7400,6 +8054,16 @@ REVOKE ALL ON FUNCTION dispatch._waits_its_turn(r dispatch.runs) FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION _wall_instant(wall timestamp without time zone, tz text); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._wall_instant(wall timestamp without time zone, tz text) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch._wall_instant(wall timestamp without time zone, tz text) TO dispatch_listener;
+GRANT ALL ON FUNCTION dispatch._wall_instant(wall timestamp without time zone, tz text) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch._wall_instant(wall timestamp without time zone, tz text) TO dispatch_admin;
+
+
+--
 -- Name: FUNCTION backfill(schedule_id uuid, from_ts timestamp with time zone, to_ts timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -7424,6 +8088,24 @@ GRANT ALL ON FUNCTION dispatch.bounded_spec(spec dispatch.cron_spec, starts_at t
 REVOKE ALL ON FUNCTION dispatch.breaker_states() FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.breaker_states() TO dispatch_listener;
 GRANT ALL ON FUNCTION dispatch.breaker_states() TO dispatch_reader;
+
+
+--
+-- Name: FUNCTION calendar_excludes(calendar_id bigint, at timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.calendar_excludes(calendar_id bigint, at timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.calendar_excludes(calendar_id bigint, at timestamp with time zone) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch.calendar_excludes(calendar_id bigint, at timestamp with time zone) TO dispatch_listener;
+
+
+--
+-- Name: FUNCTION calendar_periods(calendar_id bigint, from_ts timestamp with time zone, to_ts timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamp with time zone, to_ts timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamp with time zone, to_ts timestamp with time zone) TO dispatch_reader;
+GRANT ALL ON FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamp with time zone, to_ts timestamp with time zone) TO dispatch_listener;
 
 
 --
@@ -7738,6 +8420,99 @@ GRANT ALL ON FUNCTION dispatch.traceparent(request_id text, attempt integer, par
 --
 
 GRANT SELECT ON TABLE dispatch.audit_log TO dispatch_reader;
+
+
+--
+-- Name: TABLE calendar_exclusions; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.calendar_exclusions TO dispatch_reader;
+GRANT DELETE ON TABLE dispatch.calendar_exclusions TO dispatch_admin;
+
+
+--
+-- Name: COLUMN calendar_exclusions.calendar_id; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(calendar_id) ON TABLE dispatch.calendar_exclusions TO dispatch_admin;
+
+
+--
+-- Name: COLUMN calendar_exclusions.label; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(label),UPDATE(label) ON TABLE dispatch.calendar_exclusions TO dispatch_admin;
+
+
+--
+-- Name: COLUMN calendar_exclusions.starts; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(starts),UPDATE(starts) ON TABLE dispatch.calendar_exclusions TO dispatch_admin;
+
+
+--
+-- Name: COLUMN calendar_exclusions.ends; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(ends),UPDATE(ends) ON TABLE dispatch.calendar_exclusions TO dispatch_admin;
+
+
+--
+-- Name: COLUMN calendar_exclusions.days; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(days),UPDATE(days) ON TABLE dispatch.calendar_exclusions TO dispatch_admin;
+
+
+--
+-- Name: COLUMN calendar_exclusions.from_time; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(from_time),UPDATE(from_time) ON TABLE dispatch.calendar_exclusions TO dispatch_admin;
+
+
+--
+-- Name: COLUMN calendar_exclusions.until_time; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(until_time),UPDATE(until_time) ON TABLE dispatch.calendar_exclusions TO dispatch_admin;
+
+
+--
+-- Name: TABLE calendars; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT SELECT ON TABLE dispatch.calendars TO dispatch_reader;
+GRANT DELETE ON TABLE dispatch.calendars TO dispatch_admin;
+
+
+--
+-- Name: COLUMN calendars.project_id; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(project_id),UPDATE(project_id) ON TABLE dispatch.calendars TO dispatch_admin;
+
+
+--
+-- Name: COLUMN calendars.name; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(name),UPDATE(name) ON TABLE dispatch.calendars TO dispatch_admin;
+
+
+--
+-- Name: COLUMN calendars.timezone; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(timezone),UPDATE(timezone) ON TABLE dispatch.calendars TO dispatch_admin;
+
+
+--
+-- Name: COLUMN calendars.description; Type: ACL; Schema: dispatch; Owner: -
+--
+
+GRANT INSERT(description),UPDATE(description) ON TABLE dispatch.calendars TO dispatch_admin;
 
 
 --

@@ -102,7 +102,7 @@ def test_the_slots_of_a_pause_are_one_gap_recorded_when_it_resumes(
 def test_listeners_count_the_skipped_slots_by_reason(db: psycopg.Connection) -> None:
     start: Any = db.execute("SELECT * FROM dispatch.skipped_slots_after(NULL)").fetchall()
     assert {r[0]: r[1:3] for r in start} == {
-        r: (0, 0) for r in ("overlap", "catch-up", "misfire", "pause", "disabled")}
+        r: (0, 0) for r in ("overlap", "catch-up", "misfire", "pause", "disabled", "calendar")}
     last_id = start[0][3]
     sid = add_schedule(db, "* * * * *")
     make_due(db, "5 minutes")

@@ -608,7 +608,7 @@ def test_the_schedule_audit_trigger_fires_only_for_definition_columns(db: psycop
     definition = ["project_id", "function_name", "cron_expression", "timezone", "args", "enabled",
                   "deleted_at", "paused_at", "max_attempts", "retry_backoff", "retry_backoff_max", "timeout",
                   "misfire_grace", "catchup", "overlap", "every", "anchor", "jitter", "run_at", "starts_at",
-                  "ends_at", "max_runs", "pause_after_failures", "traceparent"]
+                  "ends_at", "max_runs", "pause_after_failures", "traceparent", "calendar_id"]
     assert columns == (sorted(definition),)
 
 

@@ -120,11 +120,16 @@ class DispatchWalk(RuleBasedStateMachine):
         s.dba.rollback()
         # each walk from nothing: a breaker an earlier walk opened would hold this one's runs
         # for as long as its probes are spaced in real time
-        s.clock.execute("TRUNCATE dispatch.runs, dispatch.audit_log, dispatch.schedules, dispatch.breakers")
+        s.clock.execute("TRUNCATE dispatch.runs, dispatch.audit_log, dispatch.schedules, dispatch.breakers,"
+                        " dispatch.calendars, dispatch.calendar_exclusions")
         s.clock.execute("DELETE FROM dispatch.projects")  # (a few rows: cheaper than a truncation)
         for listener in s.listeners:  # round-robin from the first project, as a new session's claims
             listener.execute("SELECT set_config('dispatch.claim_cursor', '', false)")
         self.horizon: datetime = one(s.clock, "SELECT date_trunc('minute', now())")
+        # one shared calendar, its periods added and removed by a rule (in a zone half an hour
+        # off the hour)
+        self.calendar: int = one(s.admin, "INSERT INTO dispatch.calendars (name, timezone)"
+                                          " VALUES ('walk', 'Asia/Kolkata') RETURNING id")
         self.schedules: list[str] = []
         self.gone_zone: set[str] = set()
         # schedules whose slot rule changed (an edit starts the slots afresh) or could not be
@@ -136,6 +141,7 @@ class DispatchWalk(RuleBasedStateMachine):
         self.spent: list[Claim] = []  # claims released or completed, whose calls may come again
         self.runs_count = 0
         self.last_seen_run = 0
+        self.last_audit = 0
         self.dba_open: str | None = None  # "edit" or "tick"
         self.dba_holds: str | None = None  # the schedule an open edit holds
         # "project": the DBA's open transaction holds that project's row, setting this cap
@@ -416,21 +422,39 @@ class DispatchWalk(RuleBasedStateMachine):
           overlap=st.sampled_from(["skip", "buffer_one", "allow"]),
           catchup=st.sampled_from(["latest", "all"]),
           grace=st.sampled_from([None, "30 minutes", "3 hours"]), jitter=st.sampled_from(["0", "20 seconds"]),
-          project=st.sampled_from(PROJECTS))
+          project=st.sampled_from(PROJECTS), calendar=st.booleans())
     def admin_adds(self, expr: str, zone: str, attempts: int, overlap: str, catchup: str,
-                   grace: str | None, jitter: str, project: str) -> None:
+                   grace: str | None, jitter: str, project: str, calendar: bool = False) -> None:
         self.step()
         # Back-offs of milliseconds: retries come due by the real clock within a few steps.
         self.schedules.append(str(one(
             self.sessions.admin,
             "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, every, run_at,"
             " ends_at, max_runs, timezone, max_attempts, overlap, catchup, misfire_grace, retry_backoff,"
-            " retry_backoff_max, jitter) VALUES (%s, 'fn', %s, %s,"
+            " retry_backoff_max, jitter, calendar_id) VALUES (%s, 'fn', %s, %s,"
             " date_trunc('minute', now()) + %s::interval, now() + %s::interval, %s, %s, %s, %s, %s, %s,"
-            " '5 milliseconds', '40 milliseconds', %s)"
+            " '5 milliseconds', '40 milliseconds', %s, %s)"
             " RETURNING id",
             (project, *slot_rule(expr), zone, attempts, overlap, catchup if grace else "latest", grace,
-             jitter))))
+             jitter, self.calendar if calendar else None))))
+
+    @precondition(lambda self: self.admin_may_write())
+    @rule(after=st.integers(1, 90), minutes=st.sampled_from([1, 3, 20, 90]), remove=st.booleans())
+    def admin_edits_the_calendar(self, after: int, minutes: int, remove: bool) -> None:
+        """A period of the calendar added ahead of the marking horizon (so that no run marked so
+        far lies in it), or one removed."""
+        self.step()
+        if remove:
+            self.sessions.admin.execute(
+                "DELETE FROM dispatch.calendar_exclusions WHERE id = (SELECT min(id) FROM"
+                " dispatch.calendar_exclusions)")
+            return
+        self.sessions.admin.execute(
+            "INSERT INTO dispatch.calendar_exclusions (calendar_id, starts, ends)"
+            " SELECT %s, x.starts, x.starts + %s * interval '1 minute'"
+            " FROM (SELECT (%s::timestamptz + %s * interval '1 minute') AT TIME ZONE 'Asia/Kolkata'"
+            "       AS starts) x",
+            (self.calendar, minutes, self.horizon, after))
 
     @rule(project=st.sampled_from(PROJECTS), cap=st.sampled_from(CAPS), weight=st.sampled_from(WEIGHTS),
           delete=st.sampled_from([False, False, False, True]))
@@ -735,6 +759,17 @@ class DispatchWalk(RuleBasedStateMachine):
                                         " ('pending', 'running')")
         assert runs_count >= self.runs_count
         self.runs_count = runs_count
+        # a slot in a period of its schedule's calendar is never invoked (it may be recorded
+        # missed, beyond the grace); periods are only ever added ahead of what was marked
+        assert clock.execute("""
+            SELECT r.id FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id
+            WHERE s.calendar_id IS NOT NULL AND r.kind IN ('scheduled', 'backfill')
+              AND dispatch.calendar_excludes(s.calendar_id, r.scheduled_for)
+              AND NOT (r.status = 'skipped' AND r.error LIKE 'missed by %%')""").fetchall() == []
+        for (n,) in clock.execute("SELECT count(*) FROM dispatch.audit_log WHERE id > %s"
+                                  " AND metadata->>'reason' = 'calendar'", (self.last_audit,)):
+            DispatchWalk.seen_outcomes["calendar gap"] += n
+        self.last_audit = one(clock, "SELECT coalesce(max(id), 0) FROM dispatch.audit_log")
         # 6. a back-off instant (neither on a minute nor on an interval's slot from the creation
         # time) is recorded skipped, never attempted
         assert clock.execute("""
@@ -866,7 +901,8 @@ def walk_by_hand(sessions: Sessions) -> None:
     one of them); a claim of one that goes past a project whose due run the DBA's open disable
     holds; and a walk that ends on a schedule whose due run the cap holds. A second walk: a
     zone gone from tzdata under a claimed run, and the back-off instant recorded skipped; a
-    lease of a run's last attempt that expires."""
+    lease of a run's last attempt that expires. A third: a slot in a period of the calendar,
+    passed over as a gap, and a walk that ends on a schedule whose next slot a period holds."""
     walk = DispatchWalk()
     steps: list[Callable[[], None]] = [
         lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0", "pa"),
@@ -927,6 +963,19 @@ def walk_by_hand(sessions: Sessions) -> None:
         walk.invariants_hold()
     walk.teardown()
 
+    walk = DispatchWalk()
+    steps = [
+        lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0", "pa", True),
+        lambda: walk.admin_edits_the_calendar(1, 3, False),  # its first three slots
+        walk.time_passes,
+        walk.time_passes,  # passed over: a gap, calendar
+        lambda: walk.admin_edits_the_calendar(1, 3, False),  # its next slot, not due yet
+    ]
+    for step in steps:
+        step()
+        walk.invariants_hold()
+    walk.teardown()
+
 
 @pytest.mark.alone  # which outcomes the walk reaches depends on timing (leases of 1 ms)
 def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
@@ -938,7 +987,8 @@ def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
     by_hand_reaches = {"busy", "retried", "error: stopped in its back-off", "explain state paused",
                        "cap below running", "claim skips a held project", "claim exact at a cap",
                        "claim beside held runs", "skipped: cannot compute the n",
-                       "lost: lease of w1 expired ", "explain state capped", "explain open run capped"}
+                       "lost: lease of w1 expired ", "explain state capped", "explain open run capped",
+                       "calendar gap", "explain state excluded"}
     assert by_hand_reaches <= set(by_hand), by_hand
     DispatchWalk.steps = 0
     machine = DispatchWalkExplainedEveryFewSteps if EXPLAIN_EVERY else DispatchWalk

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from dispatcher.cli import explain, schedule_verbs
+from dispatcher.cli import calendars, explain, schedule_verbs
 from dispatcher.cli.console import (
     CommandError,
     UsageError,
@@ -33,16 +33,23 @@ __all__ = ["add_commands"]
 PREVIEW = 5
 RUN_STATUSES = ("pending", "running", "ok", "error", "skipped", "lost")
 
-# The next slots of a schedule by its own rule (cron, interval or one instant) and the instants
-# they fire at (its jitter), computed in SQL exactly as the dispatcher does; from now when it has
-# no next slot; none past a bounded rule's last ('infinity').
+# The next slots of a schedule that run, by its own rule (cron, interval or one instant) and
+# its calendar, and the instants they fire at (its jitter), computed in SQL exactly as the
+# dispatcher does; from now when it has no next slot; none past a bounded rule's last
+# ('infinity').
 _FIRE_TIMES = """
 WITH RECURSIVE slot(n, at) AS (
-    SELECT 1, coalesce(s.next_run_at, dispatch.cron_spec_next(s.cron_spec, now(), s.timezone))
-    FROM dispatch.schedules s WHERE s.id = %(id)s AND s.ended_at IS NULL
+    SELECT 1, CASE WHEN s.calendar_id IS NULL THEN x.at
+                   ELSE dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, x.at) END
+    FROM dispatch.schedules s
+    CROSS JOIN LATERAL (SELECT coalesce(s.next_run_at,
+                                        dispatch.cron_spec_next(s.cron_spec, now(), s.timezone)) AS at) x
+    WHERE s.id = %(id)s AND s.ended_at IS NULL
   UNION ALL
-    SELECT n + 1, dispatch.cron_spec_next(s.cron_spec, slot.at, s.timezone)
+    SELECT n + 1, CASE WHEN s.calendar_id IS NULL THEN x.at
+                       ELSE dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, x.at) END
     FROM slot JOIN dispatch.schedules s ON s.id = %(id)s
+    CROSS JOIN LATERAL (SELECT dispatch.cron_spec_next(s.cron_spec, slot.at, s.timezone) AS at) x
     WHERE n < %(count)s AND isfinite(slot.at)
 )
 SELECT slot.at, slot.at + dispatch.jitter_offset(s.id, slot.at, s.jitter) AS fire_at,
@@ -168,11 +175,12 @@ def _print_details(details: dict[str, Any]) -> None:
               ("misfire_grace", "misfire grace"),
               ("catchup", "catch-up"), ("overlap", "overlap"),
               ("pause_after_failures", "pause after"), ("traceparent", "traceparent"),
+              ("calendar", "calendar"),
               ("created_at", "created"),
               ("updated_at", "updated"), ("deleted_at", "deleted")]
     optional = ("deleted_at", "overdue_by", "current_run_status", "current_attempt", "next_retry_at",
                 "paused_at", "paused_by", "paused_reason", "next_fire_at", "starts_at", "ends_at", "max_runs",
-                "ended_at", "ended_reason", "traceparent")
+                "ended_at", "ended_reason", "traceparent", "calendar")
     for key, label in fields:
         if key in optional and schedule[key] is None:
             continue
@@ -238,9 +246,10 @@ def _instant(conn: psycopg.Connection[dict[str, Any]], flag: str, text: str, zon
 
 
 def _slot_values(conn: psycopg.Connection[dict[str, Any]], args: argparse.Namespace,
-                 zone: str) -> dict[str, Any]:
+                 zone: str, project: str) -> dict[str, Any]:
     """--cron, --every or --at (the others cleared), --anchor, --jitter, --starts-at, --ends-at,
-    --max-runs: those given, by column."""
+    --max-runs, --traceparent, --calendar (a name, of the project or shared): those given, by
+    column."""
     values: dict[str, Any] = {}
     if args.cron is not None:
         values |= {"cron_expression": args.cron, "every": None, "run_at": None}
@@ -260,6 +269,9 @@ def _slot_values(conn: psycopg.Connection[dict[str, Any]], args: argparse.Namesp
         values["max_runs"] = args.max_runs or None
     if args.traceparent is not None:
         values["traceparent"] = None if args.traceparent.strip().lower() == "none" else args.traceparent
+    if args.calendar is not None:
+        values["calendar_id"] = (None if args.calendar.strip().lower() == "none"
+                                 else calendars.resolve(conn, args.calendar, project)["id"])
     return values
 
 
@@ -267,7 +279,8 @@ def _add(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         values: dict[str, Any] = {"project_id": args.project, "function_name": args.function,
                                   "timezone": args.timezone, "args": _json_args(args.args),
-                                  "enabled": not args.disabled, **_slot_values(conn, args, args.timezone),
+                                  "enabled": not args.disabled,
+                                  **_slot_values(conn, args, args.timezone, args.project),
                                   **_policy_values(args)}
         query = sql.SQL("INSERT INTO dispatch.schedules ({}) VALUES ({}) RETURNING id").format(
             sql.SQL(", ").join(map(sql.Identifier, values)), sql.SQL(", ").join(map(sql.Placeholder, values)))
@@ -303,7 +316,8 @@ def _update(args: argparse.Namespace) -> int:
     schedule_id = parse_schedule_id(args.id)
     with connect(args) as conn:
         schedule = load(conn, schedule_id)
-        values: dict[str, Any] = _slot_values(conn, args, args.timezone or schedule["timezone"])
+        values: dict[str, Any] = _slot_values(conn, args, args.timezone or schedule["timezone"],
+                                              schedule["project_id"])
         if args.timezone is not None:
             values["timezone"] = args.timezone
         if args.args is not None:
@@ -311,7 +325,7 @@ def _update(args: argparse.Namespace) -> int:
         values |= _policy_values(args)
         if not values:
             raise UsageError("nothing to change: give --cron, --every, --at, --anchor, --jitter, --starts-at,"
-                             " --ends-at, --max-runs, --timezone, --args or a policy flag")
+                             " --ends-at, --max-runs, --calendar, --timezone, --args or a policy flag")
         if schedule["state"] == "deleted":
             deleted_at = format_value(schedule["deleted_at"])
             raise CommandError(f"schedule {schedule_id} is deleted (at {deleted_at})")
@@ -355,6 +369,9 @@ def _add_slot_arguments(parser: argparse.ArgumentParser, *, required: bool) -> N
     group.add_argument("--traceparent", metavar="HEADER",
                        help="a W3C traceparent its runs continue (their trace id; their spans its children)"
                             + none)
+    group.add_argument("--calendar", metavar="NAME",
+                       help="an exclusion calendar (pgdispatch calendars): its slots in the calendar's "
+                            "periods do not run" + none)
     group.add_argument("--jitter", type=parse_duration, metavar="DURATION",
                        help="fire each slot at a fixed offset in [0, DURATION) after it, the same for every "
                             "tick, to spread schedules that share a slot (e.g. 5m; default 0s)")

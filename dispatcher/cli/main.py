@@ -1,4 +1,5 @@
-"""The `pgdispatch` command: install, doctor, schedules, runs, projects, listen, demo, demo-function.
+"""The `pgdispatch` command: install, doctor, schedules, runs, projects,
+calendars, listen, demo, demo-function.
 
 Each command lives in a module of its own and registers its parser here; every command that
 talks to the database reads --database-url / PGDISPATCH_DATABASE_URL as `listen` does.
@@ -19,7 +20,7 @@ from typing import NoReturn
 import psycopg
 
 from dispatcher import __version__
-from dispatcher.cli import admin, breakers, demo_function, doctor, projects
+from dispatcher.cli import admin, breakers, calendars, demo_function, doctor, projects
 from dispatcher.cli.console import CommandError, UsageError, add_connection_arguments, print_json
 from dispatcher.config import OPTIONS, ConfigError, load_settings, resolve_database_url
 from dispatcher.database import SCHEMA_VERSION
@@ -72,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     admin.add_commands(commands)
     breakers.add_commands(commands)
     projects.add_commands(commands)
+    calendars.add_commands(commands)
 
     listen_cmd = commands.add_parser(
         "listen",

@@ -23,9 +23,10 @@ SELECT s.id, s.project_id, s.function_name, s.cron_expression, s.every, s.anchor
        st.current_attempt, coalesce(st.open_runs, 0) AS open_runs, st.next_retry_at,
        st.overdue_by, s.paused_at, s.paused_by, s.paused_reason, s.created_at, s.updated_at, s.deleted_at,
        s.run_at, s.starts_at, s.ends_at, s.max_runs, s.ended_at, s.ended_reason, s.pause_after_failures,
-       s.traceparent
+       s.traceparent, s.calendar_id, c.name AS calendar
 FROM dispatch.schedules s
 LEFT JOIN dispatch.schedule_status st ON st.id = s.id
+LEFT JOIN dispatch.calendars c ON c.id = s.calendar_id
 """
 
 # SQLSTATE classes and codes that mean the request itself is wrong, whoever makes it: data

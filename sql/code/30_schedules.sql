@@ -30,6 +30,29 @@ $$;
 COMMENT ON FUNCTION dispatch._refuse(text, text) IS
     'Raise 22023 with problem as the message and hint as the hint, when problem is not NULL.';
 
+-- A schedule's calendar is its project's own or a shared one.
+CREATE OR REPLACE FUNCTION dispatch._check_calendar(project_id text, calendar_id bigint)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c dispatch.calendars;
+BEGIN
+    SELECT * INTO c FROM dispatch.calendars x WHERE x.id = _check_calendar.calendar_id;
+    IF NOT FOUND THEN
+        PERFORM dispatch._refuse(format('calendar_id %s is not a calendar', calendar_id),
+                                 'SELECT id, project_id, name FROM dispatch.calendars lists them.');
+    ELSIF c.project_id <> _check_calendar.project_id THEN
+        PERFORM dispatch._refuse(
+            format('calendar_id %s: calendar %s belongs to project %s, not to %s', calendar_id, quote_literal(c.name),
+                   quote_literal(c.project_id), quote_literal(_check_calendar.project_id)),
+            'A schedule may use its own project''s calendars and the shared ones (project_id NULL).');
+    END IF;
+END
+$$;
+
 -- The run policies, checked with a message that names the field (the CHECK constraints of
 -- 0012_run_policies.sql stay as the last line of defence, with only their names to offer).
 CREATE OR REPLACE FUNCTION dispatch._check_policies(s dispatch.schedules)
@@ -294,6 +317,11 @@ BEGIN
                                        NEW.starts_at, NEW.ends_at, NEW.max_runs, NEW.timezone) END;
     END IF;
     PERFORM dispatch._check_policies(NEW);
+    IF NEW.calendar_id IS NOT NULL
+       AND (TG_OP = 'INSERT' OR NEW.calendar_id IS DISTINCT FROM OLD.calendar_id
+            OR NEW.project_id IS DISTINCT FROM OLD.project_id) THEN
+        PERFORM dispatch._check_calendar(NEW.project_id, NEW.calendar_id);
+    END IF;
     IF TG_OP = 'INSERT' OR NEW.traceparent IS DISTINCT FROM OLD.traceparent THEN
         PERFORM dispatch._check_traceparent(NEW.traceparent, 'traceparent');
     END IF;
@@ -362,7 +390,7 @@ CREATE OR REPLACE TRIGGER _100_validate_update
     BEFORE UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at,
                      paused_at, cron_spec, max_attempts, retry_backoff, retry_backoff_max, timeout,
                      misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at,
-                     max_runs, pause_after_failures, traceparent
+                     max_runs, pause_after_failures, traceparent, calendar_id
     ON dispatch.schedules
     FOR EACH ROW EXECUTE FUNCTION dispatch._schedule_before_write();
 
@@ -491,7 +519,8 @@ BEGIN
         WHERE n.key IN ('project_id', 'function_name', 'cron_expression', 'timezone', 'args', 'enabled',
                         'deleted_at', 'max_attempts', 'retry_backoff', 'retry_backoff_max', 'timeout',
                         'misfire_grace', 'catchup', 'overlap', 'every', 'anchor', 'jitter', 'run_at',
-                        'starts_at', 'ends_at', 'max_runs', 'pause_after_failures', 'traceparent')
+                        'starts_at', 'ends_at', 'max_runs', 'pause_after_failures', 'traceparent',
+                        'calendar_id')
           AND n.value IS DISTINCT FROM o.value;
     END IF;
     INSERT INTO dispatch.audit_log (actor_id, project_id, action, metadata)
@@ -543,7 +572,7 @@ CREATE OR REPLACE TRIGGER _800_audit_update
     AFTER UPDATE OF project_id, function_name, cron_expression, timezone, args, enabled, deleted_at,
                     paused_at, max_attempts, retry_backoff, retry_backoff_max, timeout, misfire_grace,
                     catchup, overlap, every, anchor, jitter, run_at, starts_at, ends_at, max_runs,
-                    pause_after_failures, traceparent
+                    pause_after_failures, traceparent, calendar_id
     ON dispatch.schedules
     FOR EACH ROW
     WHEN (OLD.project_id IS DISTINCT FROM NEW.project_id
@@ -569,7 +598,8 @@ CREATE OR REPLACE TRIGGER _800_audit_update
           OR OLD.ends_at IS DISTINCT FROM NEW.ends_at
           OR OLD.max_runs IS DISTINCT FROM NEW.max_runs
           OR OLD.pause_after_failures IS DISTINCT FROM NEW.pause_after_failures
-          OR OLD.traceparent IS DISTINCT FROM NEW.traceparent)
+          OR OLD.traceparent IS DISTINCT FROM NEW.traceparent
+          OR OLD.calendar_id IS DISTINCT FROM NEW.calendar_id)
     EXECUTE FUNCTION dispatch._schedule_audit();
 
 -- Listeners keep a timer on the earliest next_run_at: a definition change may move it.

@@ -10,6 +10,7 @@
 --   misfire   beyond misfire_grace, too many to record a skipped run for each
 --   pause     the schedule was paused (recorded when it resumes)
 --   disabled  the schedule was disabled (recorded when it is enabled again)
+--   calendar  they fell in a period of the schedule's calendar (metadata calendar: its name)
 -- A slot that got a run, of whatever status, is never in a gap.
 
 -- The slots of a rule in (lo, hi) (hi 'infinity': up to a bounded rule's last): the first, the
@@ -42,9 +43,10 @@ $$;
 -- One audit row schedule.slots.skipped for each schedule whose slots in (los[i], his[i]) are a
 -- gap. Schedules that share a rule, a zone and the bounds (a stampede, an outage) share the
 -- arithmetic. Returns how many gaps it recorded. PL/pgSQL so that its plan is kept: a SQL
--- function's statement would be planned at each call.
+-- function's statement would be planned at each call. `extra` goes into each row's metadata.
+DROP FUNCTION IF EXISTS dispatch._record_gaps(uuid[], timestamptz[], timestamptz[], text);
 CREATE OR REPLACE FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamptz[], his timestamptz[],
-                                                 reason text)
+                                                 reason text, extra jsonb DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -67,7 +69,7 @@ BEGIN
         SELECT NULL, g.project_id, 'schedule.slots.skipped', jsonb_build_object(
                    'scheduleId', g.id, 'functionName', g.function_name, 'first', p.first_slot,
                    'last', p.last_slot, 'count', p.slots, 'countIsAtLeast', p.at_least,
-                   'reason', _record_gaps.reason)
+                   'reason', _record_gaps.reason) || coalesce(_record_gaps.extra, '{}')
         FROM gap g
         JOIN span p ON p.cron_spec = g.cron_spec AND p.timezone = g.timezone AND p.lo = g.lo AND p.hi = g.hi
         WHERE p.first_slot IS NOT NULL
@@ -124,9 +126,9 @@ AS $$
         SELECT coalesce(max(s.id), after_id, 0) AS id FROM since s
     )
     SELECT r.reason, coalesce(sum((s.metadata->>'count')::bigint), 0), count(s.id), (SELECT l.id FROM last l)
-    FROM unnest(ARRAY['overlap', 'catch-up', 'misfire', 'pause', 'disabled']) AS r(reason)
+    FROM unnest(ARRAY['overlap', 'catch-up', 'misfire', 'pause', 'disabled', 'calendar']) AS r(reason)
     LEFT JOIN since s ON s.metadata->>'reason' = r.reason AND after_id IS NOT NULL
     GROUP BY r.reason
 $$;
 COMMENT ON FUNCTION dispatch.skipped_slots_after(bigint) IS
-    'The slots in gaps recorded (audit action schedule.slots.skipped) after audit row after_id, by reason (overlap, catch-up, misfire, pause, disabled): how many slots, how many gaps, and the id to pass next time; with NULL, zeros and where to start. What listeners export as pgdispatch_slots_skipped_total{reason}.';
+    'The slots in gaps recorded (audit action schedule.slots.skipped) after audit row after_id, by reason (overlap, catch-up, misfire, pause, disabled, calendar): how many slots, how many gaps, and the id to pass next time; with NULL, zeros and where to start. What listeners export as pgdispatch_slots_skipped_total{reason}.';

@@ -1,11 +1,11 @@
 -- dispatch.tick: lease expiry, then every live schedule that is due.
 --
--- A due schedule with overlap skip or buffer_one, no open run and no slot beyond its
--- misfire_grace is marked by one statement for all of them: the common case, the stampede at
--- the top of the hour, and the tick that comes back after an outage. Every other due schedule
--- goes through dispatch._tick_schedule, where the run policies decide: slots missed beyond the
--- grace, overlap buffer_one behind an open run and allow, a back-off instant, a schedule behind
--- a finished slot.
+-- A due schedule with overlap skip or buffer_one, no open run, no slot beyond its
+-- misfire_grace and none in its calendar's periods is marked by one statement for all of them:
+-- the common case, the stampede at the top of the hour, and the tick that comes back after an
+-- outage. Every other due schedule goes through dispatch._tick_schedule, where the run policies
+-- decide: slots missed beyond the grace, a slot the calendar excludes, overlap buffer_one behind
+-- an open run and allow, a back-off instant, a schedule behind a finished slot.
 --
 -- Nothing here waits on another transaction (invariant 3): rows are locked with SKIP LOCKED, so
 -- two ticks share the work instead of queueing behind each other, and a row that a user's open
@@ -207,7 +207,9 @@ BEGIN
                              AND r.kind <> 'backfill') THEN
             target := CASE WHEN slot_run.id IS NULL THEN s.next_run_at
                            ELSE dispatch.cron_spec_next(s.cron_spec, s.next_run_at, s.timezone) END;
-            IF target <= horizon THEN
+            -- (a slot the calendar excludes is not buffered: it passes while the run is open)
+            IF target <= horizon
+               AND (s.calendar_id IS NULL OR NOT dispatch.calendar_excludes(s.calendar_id, target)) THEN
                 INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, not_before)
                 VALUES (s.id, s.project_id, target, target + dispatch.jitter_offset(s.id, target, s.jitter), 'infinity')
                 ON CONFLICT DO NOTHING;
@@ -227,22 +229,43 @@ BEGIN
         first_in_grace := dispatch.cron_spec_next(s.cron_spec, dispatch._skip_missed(s, s.next_run_at, cut, horizon),
                                                   s.timezone);
     END IF;
+    -- A slot in a period of the schedule's calendar does not run: on to its first slot after
+    -- the period (a gap, calendar; 'infinity' ends a bounded rule).
+    IF s.calendar_id IS NOT NULL AND first_in_grace <= horizon THEN
+        target := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, first_in_grace);
+        IF target > first_in_grace THEN
+            PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[first_in_grace - interval '1 microsecond'], ARRAY[target],
+                                          'calendar', (SELECT jsonb_build_object('calendar', c.name)
+                                                       FROM dispatch.calendars c WHERE c.id = s.calendar_id));
+            first_in_grace := target;
+        END IF;
+    END IF;
     IF first_in_grace > horizon THEN  -- nothing left to run: on to the next slot
         UPDATE dispatch.schedules SET next_run_at = first_in_grace WHERE id = s.id;
         RETURN 0;
     END IF;
 
     IF s.catchup = 'all' AND s.overlap = 'allow' THEN
-        -- every slot in the grace, at once (allow: slots do not wait for one another)
+        -- every slot in the grace, at once (allow: slots do not wait for one another), up to one
+        -- the calendar excludes (the next tick records it)
         slots := first_in_grace || ARRAY(SELECT dispatch._cron_slots(s.cron_spec, first_in_grace, horizon,
                                                                      s.timezone, 999));
+        IF s.calendar_id IS NOT NULL THEN
+            slots := slots[1:coalesce((SELECT min(k) - 1 FROM unnest(slots) WITH ORDINALITY AS x(slot, k)
+                                       WHERE dispatch.calendar_excludes(s.calendar_id, x.slot)),
+                                      cardinality(slots))];
+        END IF;
     ELSIF s.catchup = 'all' THEN
         slots := ARRAY[first_in_grace];  -- the oldest; the next once it finished (one open run at a time)
     ELSE
-        -- latest: only the most recent; the older ones in the grace are coalesced into it (a
-        -- gap: catch-up)
-        slots := ARRAY[coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
-                                                      horizon, s.timezone), first_in_grace)];
+        -- latest: only the most recent (outside the calendar); the older ones in the grace are
+        -- coalesced into it (a gap: catch-up)
+        slots := ARRAY[coalesce(CASE WHEN s.calendar_id IS NULL
+                                     THEN dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
+                                                                horizon, s.timezone)
+                                     ELSE dispatch._calendar_latest(s.cron_spec, s.timezone, s.calendar_id,
+                                                                    first_in_grace - interval '1 microsecond', horizon)
+                                END, first_in_grace)];
         PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[first_in_grace - interval '1 microsecond'], slots,
                                       'catch-up');
     END IF;
@@ -350,6 +373,9 @@ BEGIN
               AND (s.project_id, s.next_run_at) <= (p.project_id, horizon)
               AND s.overlap <> 'allow' AND s.backoff_reason IS NULL
               AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
+              AND (s.calendar_id IS NULL
+                   OR dispatch._calendar_lets_bulk(s.calendar_id, s.next_run_at, (s.cron_spec).every_us, s.catchup,
+                                                   horizon))
               AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
                               WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running'))
               AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
@@ -453,7 +479,10 @@ BEGIN
         WITH due AS MATERIALIZED (
             SELECT s.id, s.ctid AS tid, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
                    s.overlap <> 'allow' AND o.open = 0 AND s.backoff_reason IS NULL
-                   AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter) AS plain
+                   AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
+                   AND (s.calendar_id IS NULL
+                        OR dispatch._calendar_lets_bulk(s.calendar_id, s.next_run_at, (s.cron_spec).every_us,
+                                                        s.catchup, horizon)) AS plain
             FROM dispatch.schedules s
             -- Its open runs: one probe of runs_open_idx. Under skip, and for a chunk, any open
             -- run leaves the schedule alone, unlocked: that is how later chunks and the tick
@@ -469,7 +498,10 @@ BEGIN
               AND (o.open = 0 OR s.overlap = 'allow' OR (s.overlap = 'buffer_one' AND o.open = 1))
               AND (_mark_due.max_runs IS NULL
                    OR (s.overlap <> 'allow' AND o.open = 0 AND s.backoff_reason IS NULL
-                       AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)))
+                       AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
+                       AND (s.calendar_id IS NULL
+                            OR dispatch._calendar_lets_bulk(s.calendar_id, s.next_run_at, (s.cron_spec).every_us,
+                                                            s.catchup, horizon))))
             LIMIT _mark_due.max_runs - taken  -- NULL: all
             FOR NO KEY UPDATE OF s SKIP LOCKED
         )

@@ -176,6 +176,7 @@ BEGIN
     SELECT s.id, s.project_id, slot, slot, 'backfill', 'infinity'
     FROM unnest(slots) AS slot
     WHERE NOT EXISTS (SELECT 1 FROM dispatch.runs x WHERE x.schedule_id = s.id AND x.scheduled_for = slot)
+      AND (s.calendar_id IS NULL OR NOT dispatch.calendar_excludes(s.calendar_id, slot))  -- never to run
     ON CONFLICT DO NOTHING;
     GET DIAGNOSTICS marked = ROW_COUNT;
     IF cardinality(slots) = 10000 THEN
@@ -190,4 +191,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION dispatch.backfill(uuid, timestamptz, timestamptz) IS
-    'Mark each slot of the schedule in [from_ts, to_ts) that has no run yet as a run of kind backfill (at most 10,000 a call, a NOTICE says where to go on), before the schedule''s next slot and now; returns how many. They are dispatched one at a time, oldest first, whenever nothing else of the schedule is open: its own slots go first and wait for one backfill run at most. Refused: 22023 when from_ts or to_ts is not a finite instant or from_ts is not before to_ts, 55000 for a deleted, paused or disabled schedule, P0002 for an unknown id. Audited as schedule.backfill with the actor (session_user).';
+    'Mark each slot of the schedule in [from_ts, to_ts) that has no run yet and that its calendar does not exclude as a run of kind backfill (at most 10,000 a call, a NOTICE says where to go on), before the schedule''s next slot and now; returns how many. They are dispatched one at a time, oldest first, whenever nothing else of the schedule is open: its own slots go first and wait for one backfill run at most. Refused: 22023 when from_ts or to_ts is not a finite instant or from_ts is not before to_ts, 55000 for a deleted, paused or disabled schedule, P0002 for an unknown id. Audited as schedule.backfill with the actor (session_user).';

@@ -8,7 +8,8 @@
 --
 --   state     one row: what the schedule does next, and why (the verdict, below)
 --   open run  each pending or running run: what the next claim does with it
---   next      the next three slots, each with the instant it fires at (its jitter)
+--   next      the next three slots that run, each with the instant it fires at (its jitter),
+--             and the periods of the schedule's calendar that come before them
 --   run       the last five finished runs, the latest slot first, with their outcomes
 --   not run   the slots since `since` that did not run, with the reason: the recorded gaps
 --             (audit schedule.slots.skipped) and the skipped runs, oldest first
@@ -22,6 +23,8 @@
 --                                                       -- a run is open (overlap skip,
 --                                                       -- buffer_one): the open run's word
 --             due        a slot is due and not marked: the next tick marks it (at: that slot)
+--             excluded   its slot falls in a period of its calendar: the tick passes over the
+--                        period's slots (a gap, calendar) to the first after it
 --             missed     every due slot is beyond misfire_grace: the tick records them skipped
 --             settling   its due slot already has a run: the tick moves it on
 --             live       nothing to do before its next slot fires (at: that instant)
@@ -72,6 +75,24 @@ BEGIN
     RETURN dispatch.cron_spec_next(spec, after, tz);
 EXCEPTION WHEN OTHERS THEN
     RETURN NULL;
+END
+$$;
+
+-- "slot 2026-12-25 09:00:00+00 falls in calendar holidays (Christmas, 2026-12-25 00:00 to
+-- 2026-12-26 00:00 Europe/Berlin): it does not run; the next slot that runs is ..."
+CREATE OR REPLACE FUNCTION dispatch._excluded_detail(slot timestamptz, period record, after timestamptz, tz text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN format('slot %s falls in calendar %s (%s, %s to %s): it does not run (a gap, calendar); %s',
+                  dispatch._instant(slot), period.calendar, coalesce(quote_literal(period.label), 'excluded'),
+                  dispatch._instant(period.starts_at), dispatch._instant(period.ends_at),
+                  CASE WHEN after IS NULL OR NOT isfinite(after) THEN 'no slot after it runs: the schedule ends there'
+                       ELSE format('the next slot that runs is %s%s', dispatch._instant(after),
+                                   CASE WHEN tz <> 'UTC' THEN format(' (%s %s)', to_char(after AT TIME ZONE tz, 'Dy HH24:MI'), tz)
+                                        ELSE '' END) END);
 END
 $$;
 
@@ -251,6 +272,10 @@ DECLARE
     gap_last timestamptz;
     gap_slots integer;
     gap_at_least boolean;
+    excl record;          -- the calendar's period that holds the slot at hand
+    no_period record;
+    after_excl timestamptz;  -- the first slot after it that runs
+    shown integer;
 BEGIN
     SELECT * INTO s FROM dispatch.schedules x WHERE x.id = explain.schedule_id;
     IF NOT FOUND THEN
@@ -264,6 +289,9 @@ BEGIN
                   HINT = 'Leave it out for the last day: dispatch.explain(id).';
     END IF;
     stopped := dispatch._stopped_as(s);
+    SELECT NULL::text AS calendar, NULL::timestamptz AS starts_at, NULL::timestamptz AS ends_at, NULL::text AS label
+    INTO no_period;
+    excl := no_period;
     computable := dispatch._explain_next(s.cron_spec, now(), s.timezone) IS NOT NULL;
     SELECT * INTO slot_run FROM dispatch.runs r
     WHERE r.schedule_id = s.id AND r.scheduled_for = s.next_run_at;
@@ -411,10 +439,22 @@ BEGIN
                                                           s.timezone), s.next_run_at);
             first_in_grace := dispatch.cron_spec_next(s.cron_spec, last_missed, s.timezone);
         END IF;
+        IF s.calendar_id IS NOT NULL AND first_in_grace <= now() THEN
+            SELECT * INTO excl FROM dispatch._calendar_period(s.calendar_id, first_in_grace);
+            after_excl := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, first_in_grace);
+        END IF;
         target := CASE WHEN s.catchup = 'all' THEN first_in_grace
+                       WHEN s.calendar_id IS NOT NULL
+                       THEN coalesce(dispatch._calendar_latest(s.cron_spec, s.timezone, s.calendar_id,
+                                                               first_in_grace - interval '1 microsecond', now()),
+                                     first_in_grace)
                        ELSE coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
                                                            now(), s.timezone), first_in_grace) END;
-        IF first_in_grace > now() THEN
+        IF excl.calendar IS NOT NULL THEN
+            item := 'excluded';
+            at := first_in_grace;
+            detail := dispatch._excluded_detail(first_in_grace, excl, after_excl, s.timezone);
+        ELSIF first_in_grace > now() THEN
             item := 'missed';
             at := CASE WHEN isfinite(first_in_grace) THEN first_in_grace END;
             detail := format('its slots from %s to %s are beyond misfire_grace (%s): the next tick records them skipped, never invoked, and %s',
@@ -457,6 +497,14 @@ BEGIN
                         ELSE '' END
                 || CASE WHEN listening THEN '' ELSE ' (no listener is connected: pg_cron''s minutely tick marks it)' END;
         END IF;
+    ELSIF s.calendar_id IS NOT NULL
+          AND EXISTS (SELECT 1 FROM dispatch._calendar_period(s.calendar_id, s.next_run_at)) THEN
+        SELECT * INTO excl FROM dispatch._calendar_period(s.calendar_id, s.next_run_at);
+        after_excl := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, s.next_run_at);
+        item := 'excluded';
+        at := s.next_run_at;
+        detail := dispatch._excluded_detail(s.next_run_at, excl, after_excl, s.timezone)
+            || CASE WHEN head.id IS NOT NULL THEN format('; run %s is open beside it (overlap allow)', head.id) ELSE '' END;
     ELSE
         item := 'live';
         at := s.next_run_at + dispatch.jitter_offset(s.id, s.next_run_at, s.jitter);
@@ -521,6 +569,8 @@ BEGIN
                 first_next := target;
             ELSIF item = 'missed' THEN
                 first_next := first_in_grace;
+            ELSIF item = 'excluded' THEN
+                first_next := after_excl;
             ELSIF (slot_run.id IS NOT NULL AND slot_run.status IN ('pending', 'running')) OR s.next_run_at <= now() THEN
                 first_next := dispatch.cron_spec_next(s.cron_spec, greatest(s.next_run_at, now()), s.timezone);
                 IF head.id IS NOT NULL AND s.overlap = 'skip' THEN
@@ -530,7 +580,10 @@ BEGIN
                 first_next := s.next_run_at;
             END IF;
             slot := first_next;
-            FOR k IN 1..3 LOOP
+            k := 0;
+            shown := 0;
+            -- three slots that run, and before them up to three periods of the calendar
+            WHILE k < 3 AND shown < 6 LOOP
                 section := 'next';
                 IF slot IS NULL OR NOT isfinite(slot) THEN
                     -- a bounded rule past its last slot
@@ -542,6 +595,22 @@ BEGIN
                     RETURN NEXT;
                     EXIT;
                 END IF;
+                excl := no_period;
+                IF s.calendar_id IS NOT NULL THEN
+                    SELECT * INTO excl FROM dispatch._calendar_period(s.calendar_id, slot);
+                END IF;
+                shown := shown + 1;
+                IF excl.calendar IS NOT NULL THEN
+                    item := 'excluded';
+                    at := slot;
+                    run_id := NULL;
+                    after_excl := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, slot);
+                    detail := dispatch._excluded_detail(slot, excl, after_excl, s.timezone) || next_note;
+                    RETURN NEXT;
+                    slot := after_excl;
+                    CONTINUE;
+                END IF;
+                k := k + 1;
                 item := 'slot';
                 at := slot;
                 run_id := NULL;
@@ -602,6 +671,7 @@ BEGIN
                           WHEN 'misfire' THEN 'were beyond misfire_grace (too many for a skipped run each)'
                           WHEN 'pause' THEN 'fell in a pause'
                           WHEN 'disabled' THEN 'fell while it was disabled'
+                          WHEN 'calendar' THEN format('fell in a period of calendar %s', a.metadata->>'calendar')
                           ELSE 'did not run' END,
                       dispatch._instant(a.at)) AS detail
         FROM dispatch.audit_log a
@@ -646,4 +716,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION dispatch.explain(uuid, timestamptz) IS
-    'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, breaker (held by its function''s open circuit breaker), capped (due, but its project''s max_concurrency leaves the next claim no room for it, or an open transaction holds the project''s row), buffered, backed_off, ended (a one-shot or bounded schedule past its last slot, and why), paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots, each with the instant its jitter fires it at; an end row where a bounded rule has no more), run (the last five finished runs, the latest slot first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';
+    'Why a schedule does (or did not) fire, as rows (section, item, at, run_id, detail) a DBA reads at a psql prompt; item is a word to match, detail says it in plain words, at is the instant the row is about. Sections: state (one row, the verdict: live, due, missed, settling, busy, pending, jitter_wait, retry_wait, late, breaker (held by its function''s open circuit breaker), capped (due, but its project''s max_concurrency leaves the next claim no room for it, or an open transaction holds the project''s row), buffered, backed_off, ended (a one-shot or bounded schedule past its last slot, and why), excluded (its slot falls in a period of its calendar: which calendar and period, and the next slot that runs), paused, disabled, deleted; who paused or disabled it, when and why; the open run and its last outcome), open run (each pending or running run and what the next claim does with it), next (the next three slots that run, each with the instant its jitter fires it at; an excluded row for each period of its calendar they pass over; an end row where a bounded rule has no more), run (the last five finished runs, the latest slot first, with their outcomes), not run (a summary, then each slot since "since" that did not run: recorded gaps by reason (overlap, catch-up, misfire, pause, disabled, calendar), skipped runs (misfire, back-off, stopped), and the slots a paused or disabled schedule has passed over so far). P0002 for an unknown id. Read-only; granted to dispatch_reader.';

@@ -53,6 +53,8 @@ GRANT EXECUTE ON FUNCTION
     dispatch._check_policies(dispatch.schedules),
     dispatch._check_bounds(dispatch.schedules, dispatch.schedules),
     dispatch._check_traceparent(text, text),
+    dispatch._check_calendar(text, bigint),
+    dispatch._wall_instant(timestamp, text),
     dispatch.traceparent(text, integer, text),
     dispatch._ended_reason(dispatch.schedules),
     dispatch._slot_spacing(dispatch.cron_spec),
@@ -96,6 +98,12 @@ TO dispatch_listener;
 GRANT SELECT ON ALL TABLES IN SCHEMA dispatch TO dispatch_reader;
 -- "Why didn't it fire?" is a read-only question (dispatch_admin has it through dispatch_reader).
 GRANT EXECUTE ON FUNCTION dispatch.explain(uuid, timestamptz) TO dispatch_reader;
+GRANT EXECUTE ON FUNCTION
+    dispatch.calendar_periods(bigint, timestamptz, timestamptz),
+    dispatch.calendar_excludes(bigint, timestamptz),
+    dispatch._calendar_period(bigint, timestamptz),
+    dispatch._calendar_slot(dispatch.cron_spec, text, bigint, timestamptz)
+TO dispatch_reader, dispatch_listener;
 GRANT EXECUTE ON FUNCTION dispatch.run_trace(bigint) TO dispatch_reader;
 GRANT EXECUTE ON FUNCTION
     dispatch.claim_event_deliveries(text, integer, interval),
@@ -118,11 +126,11 @@ END
 $$;
 GRANT INSERT (id, project_id, function_name, cron_expression, timezone, args, enabled, max_attempts, retry_backoff,
               retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter, run_at, starts_at,
-              ends_at, max_runs, pause_after_failures, traceparent)
+              ends_at, max_runs, pause_after_failures, traceparent, calendar_id)
     ON dispatch.schedules TO dispatch_admin;
 GRANT UPDATE (project_id, function_name, cron_expression, timezone, args, enabled, deleted_at, max_attempts,
               retry_backoff, retry_backoff_max, timeout, misfire_grace, catchup, overlap, every, anchor, jitter,
-              run_at, starts_at, ends_at, max_runs, pause_after_failures, traceparent)
+              run_at, starts_at, ends_at, max_runs, pause_after_failures, traceparent, calendar_id)
     ON dispatch.schedules TO dispatch_admin;
 -- (the write trigger runs as the writer: an edit that leaves no slot ends the schedule)
 GRANT EXECUTE ON FUNCTION dispatch._end_schedule(dispatch.schedules) TO dispatch_admin;
@@ -130,6 +138,13 @@ GRANT DELETE ON dispatch.schedules TO dispatch_admin;
 GRANT UPDATE ON dispatch.settings TO dispatch_admin;
 -- Per-project dispatch settings (max_concurrency, weight): rows an administrator writes.
 GRANT INSERT, UPDATE, DELETE ON dispatch.projects TO dispatch_admin;
+-- Calendars: written by an administrator (their triggers run as the writer), read by everyone
+-- who reads schedules.
+GRANT INSERT (project_id, name, timezone, description), UPDATE (project_id, name, timezone, description), DELETE
+    ON dispatch.calendars TO dispatch_admin;
+GRANT INSERT (calendar_id, label, starts, ends, days, from_time, until_time),
+      UPDATE (label, starts, ends, days, from_time, until_time), DELETE
+    ON dispatch.calendar_exclusions TO dispatch_admin;
 GRANT EXECUTE ON FUNCTION
     dispatch.refresh_timezones(),
     dispatch._prune_runs(bigint, bigint),

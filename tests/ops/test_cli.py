@@ -27,7 +27,9 @@ COMMANDS = [
     ["schedules", "list"], ["schedules", "show"], ["schedules", "enable"], ["schedules", "disable"],
     ["schedules", "delete"], ["schedules", "update"], ["schedules", "pause"], ["schedules", "resume"],
     ["schedules", "run"], ["schedules", "backfill"], ["schedules", "explain"], ["runs"], ["runs", "list"],
-    ["breakers", "list"], ["breakers", "reset"],
+    ["breakers", "list"], ["breakers", "reset"], ["calendars"], ["calendars", "add"],
+    ["calendars", "exclude"], ["calendars", "show"], ["calendars", "list"], ["calendars", "unexclude"],
+    ["calendars", "delete"],
 ]
 
 
@@ -645,3 +647,46 @@ def test_projects_set_the_events_url(cli: Callable[..., Result]) -> None:
     assert refused.code == 2 and "projects_events_url_check" in refused.err
     cleared = cli("projects", "set", "acme", "--events-url", "none", "--json")
     assert cleared.json["events_url"] is None
+
+
+def test_calendars(cli: Callable[..., Result], db: psycopg.Connection) -> None:
+    """A calendar from the command line as from psql: its periods, a schedule that uses it (its
+    next slots skip the periods), and the same refusals."""
+    assert cli("calendars", "add", "holidays", "--timezone", "Europe/Berlin").code == 0
+    assert cli("calendars", "add", "holidays", "--project", "acme").code == 0  # the project's own
+    day = cli("calendars", "exclude", "holidays", "--date", "2031-12-24", "--until", "2031-12-26",
+              "--label", "Christmas", "--json")
+    assert day.code == 0, day.err
+    assert (day.json["starts"], day.json["ends"]) == ("2031-12-24T00:00:00", "2031-12-27T00:00:00")
+    weekly = cli("calendars", "exclude", "holidays", "--weekly", "sat-sun", "--between", "00:00-24:00",
+                 "--json")
+    assert (weekly.json["days"], weekly.json["from_time"], weekly.json["until_time"]) == (
+        [6, 7], "00:00:00", "24:00:00")
+    shown = cli("calendars", "show", "holidays", "--days", "14", "--json")
+    assert shown.code == 0, shown.err
+    assert {p["label"] for p in shown.json["periods"]} == {None}  # the weekends to come
+    added = cli("schedules", "add", "--project", "acme", "--function", "weekdays", "--cron", "0 9 * * *",
+                "--calendar", "holidays", "--json")
+    assert added.code == 0, added.err
+    # the project's own calendar, by that name, which has no periods: every day
+    days = {datetime.fromisoformat(f["at"]).weekday() for f in added.json["next_fire_times"]}
+    assert len(days) == 5
+    shared = db.execute("SELECT id FROM dispatch.calendars WHERE project_id IS NULL").fetchone()
+    assert shared is not None
+    db.execute("UPDATE dispatch.schedules SET calendar_id = %s", shared)
+    shown = cli("schedules", "show", added.json["schedule"]["id"], "--json")
+    weekdays = {datetime.fromisoformat(f["at"]).isoweekday() for f in shown.json["next_fire_times"]}
+    assert weekdays <= {1, 2, 3, 4, 5}
+    assert shown.json["schedule"]["calendar"] == "holidays"
+    refused = cli("calendars", "exclude", "holidays", "--from", "2031-01-02T10:00", "--to",
+                  "2031-01-02T09:00")
+    assert refused.code == 2 and "ends (2031-01-02 09:00:00) must be after starts" in refused.err
+    in_use = cli("calendars", "delete", "holidays")
+    assert in_use.code == 2 and "is in use" in in_use.err
+    unknown = cli("schedules", "update", added.json["schedule"]["id"], "--calendar", "nope")
+    assert unknown.code == 2 and "no calendar 'nope' of project acme or shared" in unknown.err
+    cleared = cli("schedules", "update", added.json["schedule"]["id"], "--calendar", "none", "--json")
+    assert cleared.json["schedule"]["calendar_id"] is None
+    assert cli("calendars", "unexclude", str(weekly.json["id"])).code == 0
+    assert cli("calendars", "delete", "holidays").code == 0
+    assert [c["name"] for c in cli("calendars", "list", "--json").json] == ["holidays"]  # acme's
