@@ -102,7 +102,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics_port", "--metrics-port", "PGDISPATCH_METRICS_PORT",
            "serve Prometheus metrics at http://HOST:PORT/metrics; a bare PORT listens on every "
            "interface (default: no metrics server)", "[HOST:]PORT"),
+    Option("span_export", "--span-export", "PGDISPATCH_SPAN_EXPORT",
+           "none, or otlp: export an OpenTelemetry span per invocation, with the trace and span ids "
+           "of its traceparent, to the OTLP/HTTP endpoint of the standard OTEL_EXPORTER_OTLP_* "
+           "variables (needs pip install 'pgdispatch[otel]'; default none)", "EXPORTER"),
 )
+SPAN_EXPORTS = ("none", "otlp")
 _BY_NAME = {option.name: option for option in OPTIONS}
 
 
@@ -134,6 +139,7 @@ class Settings:
     event_loop: str = "auto"  # auto = uvloop when installed, else asyncio's
     metrics_port: int | None = None  # None = no metrics server
     metrics_host: str | None = None  # None = every interface
+    span_export: str = "none"  # otlp: dispatcher.span_export
 
     def __post_init__(self) -> None:
         if not self.listen_database_url:
@@ -182,6 +188,9 @@ class Settings:
             raise _invalid("log_format", f"must be text or json, not {self.log_format!r}")
         if self.event_loop not in EVENT_LOOPS:
             raise _invalid("event_loop", f"must be one of {', '.join(EVENT_LOOPS)}, not {self.event_loop!r}")
+        if self.span_export not in SPAN_EXPORTS:
+            raise _invalid("span_export",
+                           f"must be one of {', '.join(SPAN_EXPORTS)}, not {self.span_export!r}")
         if self.log_level not in LOG_LEVELS:
             raise _invalid("log_level", f"must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
 
@@ -207,6 +216,7 @@ class Settings:
             "pool_size": self.pool_size,
             "event_loop": self.event_loop,
             "metrics_port": self.metrics_port,
+            "span_export": self.span_export,
         }
 
 
@@ -377,6 +387,8 @@ def load_settings(flags: Mapping[str, str | list[str] | None], environ: Mapping[
         values["log_format"] = raw["log_format"].strip().lower()
     if "event_loop" in raw:
         values["event_loop"] = raw["event_loop"].strip().lower()
+    if "span_export" in raw:
+        values["span_export"] = raw["span_export"].strip().lower()
     if "metrics_port" in raw:
         values["metrics_host"], values["metrics_port"] = _metrics_address(raw["metrics_port"])
     if "signing_secret" in from_credential:

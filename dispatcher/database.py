@@ -595,7 +595,8 @@ class Database:
                             timeout_s=run_timeout_s, fire_at=fire_at,
                             kind=row[11] if len(row) > 11 else None,
                             traceparent=tracing.traceparent(request_id, attempt,
-                                                            row[12] if len(row) > 12 else None)))
+                                                            row[12] if len(row) > 12 else None),
+                            continues=row[12] if len(row) > 12 else None))
         return runs
 
     def _complete_params(self, run: Run, outcome: Outcome) -> tuple[Any, ...]:

@@ -20,6 +20,7 @@ from dispatcher.database import Database, DatabaseUnavailable
 from dispatcher.invoke import Invoker
 from dispatcher.metrics import Metrics
 from dispatcher.runs import Run
+from dispatcher.span_export import InvocationSpans
 
 __all__ = ["CLAIM_BATCH_WAIT_S", "Dispatcher"]
 
@@ -46,8 +47,10 @@ class Dispatcher:
     """The claimer (`claim_loop`), the workers (`worker`) and the releaser (`releaser`)."""
 
     def __init__(self, db: Database, invoker: Invoker, completer: Completer, budget: ClaimBudget,
-                 metrics: Metrics, *, lease_s: float, stopping: asyncio.Event) -> None:
+                 metrics: Metrics, *, lease_s: float, stopping: asyncio.Event,
+                 spans: InvocationSpans | None = None) -> None:
         self._db = db
+        self._spans = spans
         self._invoker = invoker
         self._completer = completer
         self._budget = budget
@@ -169,6 +172,8 @@ class Dispatcher:
                 self._metrics.finished(outcome.status, outcome.duration_ms / 1000)
                 self._completer.submit(run, outcome)
                 submitted = True
+                if self._spans is not None:
+                    self._spans.record(run, outcome)
             finally:
                 # However the invocation ended (cancelled, a bug, a leaked CancelledError), its
                 # share of the budget comes back, and the claimer, which may be waiting for it,

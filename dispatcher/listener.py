@@ -42,6 +42,7 @@ from dispatcher.event_loop import running_loop_name
 from dispatcher.invoke import Invoker, new_session
 from dispatcher.metrics import Metrics, MetricsServer
 from dispatcher.notifications import RECONNECT_BACKOFF, Notifications
+from dispatcher.span_export import InvocationSpans
 from dispatcher.supervisor import Supervisor, TaskFailed
 from dispatcher.systemd import Notifier
 
@@ -49,6 +50,8 @@ __all__ = ["Listener", "ListenerStatus", "run_listener"]
 
 logger = logging.getLogger(__name__)
 
+# How long the shutdown waits for the spans still queued to reach the collector.
+SPAN_FLUSH_S = 5.0
 # How long shutdown waits for a claim in progress before cancelling it.
 CLAIM_STOP_WAIT_S = 5.0
 # After a second signal: how long handing back and recording still get.
@@ -113,6 +116,8 @@ class Listener:
             on_notify=self._notified, on_connected=self._clock.request_sweep,
             on_reconnected=self._reconnected, on_event=self._events.wake)
         self._completer = Completer(self._db, on_advanced=self._clock.replan_soon, on_done=self._recorded)
+        # (raises ConfigError when the extra is not installed)
+        self._spans = InvocationSpans(settings.worker_id) if settings.span_export == "otlp" else None
         self._dispatcher: Dispatcher | None = None
         self.metrics.track_in_flight(lambda: self._budget.in_flight)
 
@@ -258,7 +263,7 @@ class Listener:
                           secret=settings.signing_secret, second_secret=settings.second_signing_secret)
         dispatcher = self._dispatcher = Dispatcher(
             self._db, invoker, self._completer, self._budget, self.metrics, lease_s=settings.lease_s,
-            stopping=self._stopping)
+            stopping=self._stopping, spans=self._spans)
         try:
             await self._db.open()
             logger.info("pgdispatch %s listening as %s", __version__, settings.worker_id,
@@ -280,6 +285,8 @@ class Listener:
             await self._supervisor.cancel()
             await session.close()
             await self._db.close()
+            if self._spans is not None:  # what is queued goes to the collector, within a bound
+                await self._spans.close(SPAN_FLUSH_S)
             self._stopped = True
         failure = self._supervisor.failure
         if failure is not None:

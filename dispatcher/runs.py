@@ -29,6 +29,7 @@ class Run:
     fire_at: datetime | None = None  # the slot plus the schedule's jitter offset (None: the slot)
     kind: str | None = None  # scheduled, manual or backfill (None: a schema that does not say)
     traceparent: str | None = None  # the W3C header of this attempt (dispatcher.tracing)
+    continues: str | None = None  # the traceparent the run continues (its schedule's or run_now's)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

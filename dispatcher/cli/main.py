@@ -142,7 +142,7 @@ def _listen(args: argparse.Namespace) -> int:
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(run_listener(settings))
-    except DatabaseMisconfigured as exc:  # at start: said once, never retried
+    except (DatabaseMisconfigured, ConfigError) as exc:  # at start: said once, never retried
         logger.error("cannot start: %s", exc, extra={"event": "configuration_error", "reason": str(exc)})
         return 2
     except TaskFailed as exc:  # logged with its traceback when it happened; systemd restarts us
