@@ -508,6 +508,21 @@ $$;
 
 
 --
+-- Name: _calendar_before_delete(); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._calendar_before_delete() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    UPDATE dispatch.schedules SET calendar_id = NULL WHERE calendar_id = OLD.id AND deleted_at IS NOT NULL;
+    RETURN OLD;
+END
+$$;
+
+
+--
 -- Name: _calendar_before_write(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -583,6 +598,18 @@ BEGIN
     PERFORM dispatch._refuse(problem, hint);
     RETURN NEW;
 END
+$$;
+
+
+--
+-- Name: _calendar_gap_note(bigint); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._calendar_gap_note(calendar_id bigint) RETURNS jsonb
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT jsonb_build_object('calendar', c.name) FROM dispatch.calendars c WHERE c.id = _calendar_gap_note.calendar_id
 $$;
 
 
@@ -3135,7 +3162,8 @@ BEGIN
     PERFORM dispatch._check_policies(NEW);
     IF NEW.calendar_id IS NOT NULL
        AND (TG_OP = 'INSERT' OR NEW.calendar_id IS DISTINCT FROM OLD.calendar_id
-            OR NEW.project_id IS DISTINCT FROM OLD.project_id) THEN
+            OR NEW.project_id IS DISTINCT FROM OLD.project_id
+            OR (NEW.deleted_at IS NULL AND OLD.deleted_at IS NOT NULL)) THEN
         PERFORM dispatch._check_calendar(NEW.project_id, NEW.calendar_id);
     END IF;
     IF TG_OP = 'INSERT' OR NEW.traceparent IS DISTINCT FROM OLD.traceparent THEN
@@ -3177,7 +3205,12 @@ BEGIN
             greatest(CASE WHEN NEW.run_at IS NOT NULL AND (TG_OP = 'INSERT' OR NEW.run_at IS DISTINCT FROM OLD.run_at)
                           THEN least(clock_timestamp(), NEW.run_at - interval '1 microsecond')
                           ELSE clock_timestamp() END,
-                     NEW.last_slot),
+                     NEW.last_slot,
+                     -- a schedule stopped after the tick passed over a period of its calendar
+                     -- (its slots recorded as a gap already) goes on after the period
+                     CASE WHEN TG_OP = 'UPDATE' AND OLD.calendar_id IS NOT NULL AND OLD.backoff_reason IS NULL
+                               AND NEW.cron_spec IS NOT DISTINCT FROM OLD.cron_spec AND NEW.timezone = OLD.timezone
+                          THEN OLD.stopped_on - interval '1 microsecond' END),
             dispatch.check_timezone(NEW.timezone));
         NEW.backoff_reason := NULL;
         NEW.ended_at := NULL;
@@ -3593,6 +3626,7 @@ DECLARE
     target timestamptz;
     slots timestamptz[];
     skipped dispatch.runs[];
+    passed timestamptz;
 BEGIN
     SELECT * INTO s FROM dispatch.schedules x WHERE x.id = _tick_schedule.schedule_id;
     IF s.next_run_at IS NULL OR s.next_run_at > horizon THEN
@@ -3632,9 +3666,18 @@ BEGIN
                              AND r.kind <> 'backfill') THEN
             target := CASE WHEN slot_run.id IS NULL THEN s.next_run_at
                            ELSE dispatch.cron_spec_next(s.cron_spec, s.next_run_at, s.timezone) END;
-            -- (a slot the calendar excludes is not buffered: it passes while the run is open)
+            -- the first slot outside the calendar's periods is the one buffered, once it is due;
+            -- those it passes over are a gap (calendar)
+            passed := target;
+            IF s.calendar_id IS NOT NULL AND target <= horizon THEN
+                target := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, target);
+            END IF;
             IF target <= horizon
                AND (s.calendar_id IS NULL OR NOT dispatch.calendar_excludes(s.calendar_id, target)) THEN
+                IF target > passed THEN
+                    PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[passed - interval '1 microsecond'], ARRAY[target],
+                                                  'calendar', dispatch._calendar_gap_note(s.calendar_id));
+                END IF;
                 INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, not_before)
                 VALUES (s.id, s.project_id, target, target + dispatch.jitter_offset(s.id, target, s.jitter), 'infinity')
                 ON CONFLICT DO NOTHING;
@@ -3660,9 +3703,13 @@ BEGIN
         target := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, first_in_grace);
         IF target > first_in_grace THEN
             PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[first_in_grace - interval '1 microsecond'], ARRAY[target],
-                                          'calendar', (SELECT jsonb_build_object('calendar', c.name)
-                                                       FROM dispatch.calendars c WHERE c.id = s.calendar_id));
+                                          'calendar', dispatch._calendar_gap_note(s.calendar_id));
             first_in_grace := target;
+        END IF;
+        IF first_in_grace <= horizon AND dispatch.calendar_excludes(s.calendar_id, first_in_grace) THEN
+            -- a thousand periods in a row: the next tick goes on from there
+            UPDATE dispatch.schedules SET next_run_at = first_in_grace WHERE id = s.id;
+            RETURN 0;
         END IF;
     END IF;
     IF first_in_grace > horizon THEN  -- nothing left to run: on to the next slot
@@ -3723,8 +3770,10 @@ EXCEPTION WHEN OTHERS THEN
     RAISE WARNING 'cannot compute the slots of schedule %: %', schedule_id, SQLERRM;
     UPDATE dispatch.schedules s
     SET next_run_at = greatest(s.next_run_at, clock_timestamp()) + interval '1 hour',
-        backoff_reason = format('cannot compute the next slot of "%s" in time zone %s (see the server log); trying again every hour',
-                                s.cron_expression, s.timezone)
+        backoff_reason = format('cannot compute the next slot of "%s" in time zone %s%s (see the server log); trying again every hour',
+                                s.cron_expression, s.timezone,
+                                (SELECT format(' or its calendar %s''s periods in time zone %s', c.name, c.timezone)
+                                 FROM dispatch.calendars c WHERE c.id = s.calendar_id))
     WHERE s.id = _tick_schedule_guarded.schedule_id;
     RETURN 0;
 END
@@ -3988,7 +4037,10 @@ CREATE FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamp 
     JOIN dispatch.calendar_exclusions e ON e.calendar_id = c.id
     CROSS JOIN LATERAL (
         SELECT dispatch._wall_instant(e.starts, c.timezone) AS lo, dispatch._wall_instant(e.ends, c.timezone) AS hi
-        WHERE e.days IS NULL
+        -- (a day's margin on the wall clock covers any offset change: only the stretches near
+        -- the range are placed)
+        WHERE e.days IS NULL AND e.ends > (calendar_periods.from_ts AT TIME ZONE c.timezone) - interval '1 day'
+          AND e.starts < (calendar_periods.to_ts AT TIME ZONE c.timezone) + interval '1 day'
       UNION ALL
         -- each day of the week's rule, from the local day before from_ts (a period that began
         -- then may still run) to the local day of to_ts
@@ -5062,6 +5114,7 @@ DECLARE
     no_period record;
     after_excl timestamptz;  -- the first slot after it that runs
     shown integer;
+    passed_from timestamptz;  -- a due period's first slot, when the slot after it is due too
 BEGIN
     SELECT * INTO s FROM dispatch.schedules x WHERE x.id = explain.schedule_id;
     IF NOT FOUND THEN
@@ -5225,9 +5278,17 @@ BEGIN
                                                           s.timezone), s.next_run_at);
             first_in_grace := dispatch.cron_spec_next(s.cron_spec, last_missed, s.timezone);
         END IF;
+        -- a period of its calendar: passed over, and the first slot after it is due in turn when
+        -- it has come
         IF s.calendar_id IS NOT NULL AND first_in_grace <= now() THEN
             SELECT * INTO excl FROM dispatch._calendar_period(s.calendar_id, first_in_grace);
-            after_excl := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, first_in_grace);
+            IF excl.calendar IS NOT NULL THEN
+                after_excl := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, first_in_grace);
+                IF after_excl <= now() THEN
+                    passed_from := first_in_grace;
+                    first_in_grace := after_excl;
+                END IF;
+            END IF;
         END IF;
         target := CASE WHEN s.catchup = 'all' THEN first_in_grace
                        WHEN s.calendar_id IS NOT NULL
@@ -5236,7 +5297,7 @@ BEGIN
                                      first_in_grace)
                        ELSE coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
                                                            now(), s.timezone), first_in_grace) END;
-        IF excl.calendar IS NOT NULL THEN
+        IF excl.calendar IS NOT NULL AND passed_from IS NULL THEN
             item := 'excluded';
             at := first_in_grace;
             detail := dispatch._excluded_detail(first_in_grace, excl, after_excl, s.timezone);
@@ -5266,6 +5327,10 @@ BEGIN
                 || CASE WHEN s.next_run_at < first_in_grace
                         THEN format('; the slots from %s to %s are beyond misfire_grace (%s) and are recorded skipped',
                                     dispatch._instant(s.next_run_at), dispatch._instant(last_missed), s.misfire_grace)
+                        ELSE '' END
+                || CASE WHEN passed_from IS NOT NULL
+                        THEN format('; the slots from %s, in a period of calendar %s, are passed over (a gap, calendar)',
+                                    dispatch._instant(passed_from), excl.calendar)
                         ELSE '' END
                 || CASE WHEN coalesced > 0
                         THEN format('; %s earlier slot%s since %s are coalesced into it (catchup latest)', coalesced,
@@ -5376,7 +5441,7 @@ BEGIN
                     item := 'end';
                     at := NULL;
                     run_id := NULL;
-                    detail := CASE WHEN k = 1 THEN 'no slot to come: ' ELSE 'no slot after these: ' END
+                    detail := CASE WHEN k = 0 THEN 'no slot to come: ' ELSE 'no slot after these: ' END
                               || dispatch._ended_reason(s) || next_note;
                     RETURN NEXT;
                     EXIT;
@@ -7068,6 +7133,13 @@ CREATE TRIGGER _050_soft_delete BEFORE DELETE ON dispatch.schedules FOR EACH ROW
 
 
 --
+-- Name: calendars _100_detach_deleted; Type: TRIGGER; Schema: dispatch; Owner: -
+--
+
+CREATE TRIGGER _100_detach_deleted BEFORE DELETE ON dispatch.calendars FOR EACH ROW EXECUTE FUNCTION dispatch._calendar_before_delete();
+
+
+--
 -- Name: runs _100_fire_at; Type: TRIGGER; Schema: dispatch; Owner: -
 --
 
@@ -7234,6 +7306,13 @@ REVOKE ALL ON FUNCTION dispatch._breaker_outcomes(run_ids bigint[], all_ids bigi
 
 
 --
+-- Name: FUNCTION _calendar_before_delete(); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._calendar_before_delete() FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _calendar_before_write(); Type: ACL; Schema: dispatch; Owner: -
 --
 
@@ -7245,6 +7324,13 @@ REVOKE ALL ON FUNCTION dispatch._calendar_before_write() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION dispatch._calendar_exclusion_before_write() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _calendar_gap_note(calendar_id bigint); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._calendar_gap_note(calendar_id bigint) FROM PUBLIC;
 
 
 --
@@ -7267,7 +7353,6 @@ REVOKE ALL ON FUNCTION dispatch._calendar_lets_bulk(calendar_id bigint, slot tim
 
 REVOKE ALL ON FUNCTION dispatch._calendar_period(calendar_id bigint, at timestamp with time zone, OUT calendar text, OUT starts_at timestamp with time zone, OUT ends_at timestamp with time zone, OUT label text) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch._calendar_period(calendar_id bigint, at timestamp with time zone, OUT calendar text, OUT starts_at timestamp with time zone, OUT ends_at timestamp with time zone, OUT label text) TO dispatch_reader;
-GRANT ALL ON FUNCTION dispatch._calendar_period(calendar_id bigint, at timestamp with time zone, OUT calendar text, OUT starts_at timestamp with time zone, OUT ends_at timestamp with time zone, OUT label text) TO dispatch_listener;
 
 
 --
@@ -7276,7 +7361,6 @@ GRANT ALL ON FUNCTION dispatch._calendar_period(calendar_id bigint, at timestamp
 
 REVOKE ALL ON FUNCTION dispatch._calendar_slot(spec dispatch.cron_spec, tz text, calendar_id bigint, slot timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch._calendar_slot(spec dispatch.cron_spec, tz text, calendar_id bigint, slot timestamp with time zone) TO dispatch_reader;
-GRANT ALL ON FUNCTION dispatch._calendar_slot(spec dispatch.cron_spec, tz text, calendar_id bigint, slot timestamp with time zone) TO dispatch_listener;
 
 
 --
@@ -8096,7 +8180,6 @@ GRANT ALL ON FUNCTION dispatch.breaker_states() TO dispatch_reader;
 
 REVOKE ALL ON FUNCTION dispatch.calendar_excludes(calendar_id bigint, at timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.calendar_excludes(calendar_id bigint, at timestamp with time zone) TO dispatch_reader;
-GRANT ALL ON FUNCTION dispatch.calendar_excludes(calendar_id bigint, at timestamp with time zone) TO dispatch_listener;
 
 
 --
@@ -8105,7 +8188,6 @@ GRANT ALL ON FUNCTION dispatch.calendar_excludes(calendar_id bigint, at timestam
 
 REVOKE ALL ON FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamp with time zone, to_ts timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamp with time zone, to_ts timestamp with time zone) TO dispatch_reader;
-GRANT ALL ON FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamp with time zone, to_ts timestamp with time zone) TO dispatch_listener;
 
 
 --

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
+from .explain_check import explain_agrees
 from .runs_kit import claim, complete, scalar
 from .test_privileges import as_role
 
@@ -289,6 +290,22 @@ def test_a_calendar_in_use_is_not_deleted_nor_given_to_another_project(db: psyco
         db.execute("UPDATE dispatch.calendars SET project_id = 'proj_2' WHERE id = %s", (cid,))
 
 
+def test_a_deleted_schedule_does_not_hold_its_calendar(db: psycopg.Connection) -> None:
+    cid = calendar(db, "old", WEEKENDS)
+    sid = add(db, calendar_id=cid)
+    db.execute("DELETE FROM dispatch.schedules WHERE id = %s", (sid,))  # a soft delete
+    db.execute("DELETE FROM dispatch.calendars WHERE id = %s", (cid,))
+    assert scalar(db, "SELECT calendar_id FROM dispatch.schedules WHERE id = %s", (sid,)) is None
+    other = calendar(db, "theirs", project="proj_2")
+    gone = add(db)
+    db.execute("UPDATE dispatch.schedules SET deleted_at = now() WHERE id = %s", (gone,))
+    db.execute("ALTER TABLE dispatch.schedules DISABLE TRIGGER USER")  # as a restore might leave it
+    db.execute("UPDATE dispatch.schedules SET calendar_id = %s WHERE id = %s", (other, gone))
+    db.execute("ALTER TABLE dispatch.schedules ENABLE TRIGGER USER")
+    with pytest.raises(errors.InvalidParameterValue, match="belongs to project 'proj_2'"):
+        db.execute("UPDATE dispatch.schedules SET deleted_at = NULL WHERE id = %s", (gone,))
+
+
 def test_an_administrator_writes_calendars_and_a_reader_reads_them(db: psycopg.Connection) -> None:
     with as_role(db, "dispatch_admin"):
         cid = calendar(db, "holidays", {"label": "Christmas", "starts": "2027-12-25", "ends": "2027-12-27"},
@@ -312,3 +329,75 @@ def test_an_administrator_writes_calendars_and_a_reader_reads_them(db: psycopg.C
     changed = scalar(db, "SELECT metadata->'changed' FROM dispatch.audit_log WHERE action = 'schedule.update'"
                          " AND metadata->>'scheduleId' = %s", (sid,))
     assert changed == {"calendar_id": cid}
+
+
+def test_a_pause_and_resume_inside_a_passed_period_goes_on_after_it(db: psycopg.Connection) -> None:
+    friday = next_friday()
+    cid = calendar(db, "weekends", WEEKENDS)
+    sid = add(db, calendar_id=cid, starts_at=friday)
+    for h in range(25):
+        run_due(db, friday + h * HOUR)  # Friday's slots, then the weekend passed over: one gap
+    db.execute("SELECT dispatch.pause(%s)", (sid,))
+    db.execute("DELETE FROM dispatch.calendar_exclusions")  # nor does lifting the period give it back
+    db.execute("SELECT dispatch.resume(%s)", (sid,))
+    next_run_at = scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (sid,))
+    assert next_run_at == friday + timedelta(days=3)
+    hour = friday + timedelta(days=1)
+    while hour <= friday + timedelta(days=3):
+        run_due(db, hour)
+        hour += HOUR
+    assert [(g["reason"], g["count"]) for g in gaps(db, sid)] == [("calendar", 48)]
+    assert not [s for s in slots_run(db, sid) if s.weekday() >= 5]
+
+
+def test_buffer_one_buffers_the_first_slot_after_a_period(db: psycopg.Connection) -> None:
+    friday = next_friday()
+    wall = friday.replace(tzinfo=None)
+    sid = add(db, calendar_id=calendar(db, "maintenance", {"starts": wall + HOUR, "ends": wall + 2 * HOUR}),
+              starts_at=friday, overlap="buffer_one")
+    db.execute("SELECT dispatch.tick(%s)", (friday,))
+    (first,) = claim(db, "w", 10)  # the 00:00 run, running past the period
+    db.execute("SELECT dispatch.tick(%s)", (friday + HOUR,))
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE schedule_id = %s", (sid,)) == 1
+    db.execute("SELECT dispatch.tick(%s)", (friday + 2 * HOUR,))
+    assert [s - friday for s in slots_run(db, sid)] == [timedelta(0), 2 * HOUR]  # 02:00 waits behind it
+    assert [(g["reason"], g["count"], g["first"]) for g in gaps(db, sid)] == [
+        ("calendar", 1, (friday + HOUR).isoformat())]
+    complete(db, first)
+    (buffered,) = claim(db, "w", 10)
+    assert buffered[6] == friday + 2 * HOUR
+
+
+def test_a_calendar_that_excludes_every_day_is_passed_over_a_thousand_periods_at_a_time(
+        db: psycopg.Connection) -> None:
+    friday = next_friday()
+    sid = add(db, calendar_id=calendar(db, "never", {"days": [1, 2, 3, 4, 5, 6, 7]}), starts_at=friday,
+              overlap="allow", catchup="all", misfire_grace="10000 days")
+    assert run_due(db, friday + timedelta(days=1500)) == []
+    reached = scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (sid,))
+    assert reached == friday + timedelta(days=1000)  # a day a period: on from there next time
+    assert run_due(db, friday + timedelta(days=1500)) == []
+    reached = scalar(db, "SELECT next_run_at FROM dispatch.schedules WHERE id = %s", (sid,))
+    assert reached == friday + timedelta(days=2000)
+    assert [(g["reason"], g["countIsAtLeast"]) for g in gaps(db, sid)] == [("calendar", True)] * 2
+    assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE schedule_id = %s", (sid,)) == 0
+
+
+def test_explain_agrees_with_the_tick_on_a_due_period(db: psycopg.Connection) -> None:
+    """Due now, by the real clock: a period still running (excluded), and one over whose next
+    slot is due (due, the period passed over first)."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    wall = now.replace(tzinfo=None)
+    running = add(db, cron_expression="* * * * *",
+                  calendar_id=calendar(db, "now", {"starts": wall - 3 * HOUR, "ends": wall + HOUR}))
+    over = add(db, cron_expression="* * * * *",
+               calendar_id=calendar(db, "before", {"starts": wall - 3 * HOUR, "ends": wall - HOUR}))
+    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now() - interval '2 hours')")
+    verdicts = {sid: (item, detail) for sid, item, detail in db.execute(
+        "SELECT s.id::text, e.item, e.detail FROM dispatch.schedules s, dispatch.explain(s.id) e"
+        " WHERE e.section = 'state'")}
+    assert verdicts[running][0] == "excluded"
+    assert verdicts[over][0] == "due"
+    assert "in a period of calendar before, are passed over" in verdicts[over][1]
+    seen = explain_agrees(db)
+    assert seen["state excluded"] == 1 and seen["state due"] == 1

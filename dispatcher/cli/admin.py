@@ -271,7 +271,7 @@ def _slot_values(conn: psycopg.Connection[dict[str, Any]], args: argparse.Namesp
         values["traceparent"] = None if args.traceparent.strip().lower() == "none" else args.traceparent
     if args.calendar is not None:
         values["calendar_id"] = (None if args.calendar.strip().lower() == "none"
-                                 else calendars.resolve(conn, args.calendar, project)["id"])
+                                 else calendars.resolve(conn, args.calendar, project, or_shared=True)["id"])
     return values
 
 

@@ -3,7 +3,8 @@
 
 Each write is the INSERT or DELETE a dispatch_admin runs in psql, checked by the same triggers;
 `show` lists the periods to come with dispatch.calendar_periods, as the tick computes them.
-A calendar is named as schedules name it: the project's own by that name, else the shared one.
+A calendar is named by its scope: with --project that project's own, without a shared one;
+a schedule's --calendar names its project's own by that name, else the shared one.
 """
 
 from __future__ import annotations
@@ -47,14 +48,17 @@ _PERIOD_COLUMNS = [("starts_at", "from (UTC)"), ("ends_at", "to (UTC)"), ("local
                    ("label", "label")]
 
 
-def resolve(conn: psycopg.Connection[dict[str, Any]], name: str, project: str | None) -> dict[str, Any]:
-    """The calendar a schedule of `project` means by `name`: its project's own, else the shared
-    one (project None: the shared one only)."""
+def resolve(conn: psycopg.Connection[dict[str, Any]], name: str, project: str | None, *,
+            or_shared: bool = False) -> dict[str, Any]:
+    """The calendar `name` of `project` (None: the shared one); with `or_shared`, as a schedule
+    of the project means it: its project's own, else the shared one."""
     row = conn.execute(
-        "SELECT * FROM dispatch.calendars WHERE name = %s AND (project_id = %s OR project_id IS NULL)"
-        " ORDER BY project_id NULLS LAST LIMIT 1", (name, project)).fetchone()
+        "SELECT * FROM dispatch.calendars WHERE name = %(name)s"
+        " AND (project_id IS NOT DISTINCT FROM %(project)s OR (%(or_shared)s AND project_id IS NULL))"
+        " ORDER BY project_id NULLS LAST LIMIT 1",
+        {"name": name, "project": project, "or_shared": or_shared}).fetchone()
     if row is None:
-        whose = f"of project {project} or shared" if project else "shared"
+        whose = (f"of project {project}" + (" or shared" if or_shared else "")) if project else "shared"
         raise UsageError(f"no calendar {name!r} {whose} (pgdispatch calendars list shows them)")
     return row
 
@@ -146,6 +150,15 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _exclude(args: argparse.Namespace) -> int:
+    given = [flag for flag, value in (("--date", args.date), ("--from/--to", args.start or args.end),
+                                      ("--weekly", args.weekly)) if value]
+    if len(given) != 1:
+        raise UsageError("give one of --date [--until], --from and --to, or --weekly [--between]"
+                         + (f", not {' and '.join(given)}" if given else ""))
+    if args.until is not None and args.date is None:
+        raise UsageError("--until goes with --date")
+    if args.between is not None and args.weekly is None:
+        raise UsageError("--between goes with --weekly")
     columns: dict[str, Any] = {"label": args.label}
     if args.date is not None:
         last = args.until or args.date
@@ -158,7 +171,7 @@ def _exclude(args: argparse.Namespace) -> int:
         columns |= {"days": args.weekly, "from_time": start, "until_time": end}
     else:
         if args.start is None or args.end is None:
-            raise UsageError("give --date [--until], --from and --to, or --weekly [--between]")
+            raise UsageError("--from and --to go together")
         columns |= {"starts": args.start, "ends": args.end}
     with connect(args) as conn:
         cal = resolve(conn, args.name, args.project)

@@ -319,7 +319,8 @@ BEGIN
     PERFORM dispatch._check_policies(NEW);
     IF NEW.calendar_id IS NOT NULL
        AND (TG_OP = 'INSERT' OR NEW.calendar_id IS DISTINCT FROM OLD.calendar_id
-            OR NEW.project_id IS DISTINCT FROM OLD.project_id) THEN
+            OR NEW.project_id IS DISTINCT FROM OLD.project_id
+            OR (NEW.deleted_at IS NULL AND OLD.deleted_at IS NOT NULL)) THEN
         PERFORM dispatch._check_calendar(NEW.project_id, NEW.calendar_id);
     END IF;
     IF TG_OP = 'INSERT' OR NEW.traceparent IS DISTINCT FROM OLD.traceparent THEN
@@ -361,7 +362,12 @@ BEGIN
             greatest(CASE WHEN NEW.run_at IS NOT NULL AND (TG_OP = 'INSERT' OR NEW.run_at IS DISTINCT FROM OLD.run_at)
                           THEN least(clock_timestamp(), NEW.run_at - interval '1 microsecond')
                           ELSE clock_timestamp() END,
-                     NEW.last_slot),
+                     NEW.last_slot,
+                     -- a schedule stopped after the tick passed over a period of its calendar
+                     -- (its slots recorded as a gap already) goes on after the period
+                     CASE WHEN TG_OP = 'UPDATE' AND OLD.calendar_id IS NOT NULL AND OLD.backoff_reason IS NULL
+                               AND NEW.cron_spec IS NOT DISTINCT FROM OLD.cron_spec AND NEW.timezone = OLD.timezone
+                          THEN OLD.stopped_on - interval '1 microsecond' END),
             dispatch.check_timezone(NEW.timezone));
         NEW.backoff_reason := NULL;
         NEW.ended_at := NULL;

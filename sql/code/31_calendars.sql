@@ -38,7 +38,10 @@ AS $$
     JOIN dispatch.calendar_exclusions e ON e.calendar_id = c.id
     CROSS JOIN LATERAL (
         SELECT dispatch._wall_instant(e.starts, c.timezone) AS lo, dispatch._wall_instant(e.ends, c.timezone) AS hi
-        WHERE e.days IS NULL
+        -- (a day's margin on the wall clock covers any offset change: only the stretches near
+        -- the range are placed)
+        WHERE e.days IS NULL AND e.ends > (calendar_periods.from_ts AT TIME ZONE c.timezone) - interval '1 day'
+          AND e.starts < (calendar_periods.to_ts AT TIME ZONE c.timezone) + interval '1 day'
       UNION ALL
         -- each day of the week's rule, from the local day before from_ts (a period that began
         -- then may still run) to the local day of to_ts
@@ -125,6 +128,15 @@ BEGIN
     END LOOP;
     RETURN slot;
 END
+$$;
+
+-- What a calendar gap's audit row adds: the calendar's name.
+CREATE OR REPLACE FUNCTION dispatch._calendar_gap_note(calendar_id bigint)
+RETURNS jsonb
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT jsonb_build_object('calendar', c.name) FROM dispatch.calendars c WHERE c.id = _calendar_gap_note.calendar_id
 $$;
 
 -- Whether the tick's bulk marking may take a due schedule with a calendar: its slot is on time
@@ -217,3 +229,21 @@ $$;
 
 CREATE OR REPLACE TRIGGER _100_validate BEFORE INSERT OR UPDATE ON dispatch.calendar_exclusions
     FOR EACH ROW EXECUTE FUNCTION dispatch._calendar_exclusion_before_write();
+
+
+-- A deleted schedule keeps its definition, not a hold on its calendar: deleting the calendar
+-- detaches the deleted schedules that named it (those not deleted keep it in use).
+CREATE OR REPLACE FUNCTION dispatch._calendar_before_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE dispatch.schedules SET calendar_id = NULL WHERE calendar_id = OLD.id AND deleted_at IS NOT NULL;
+    RETURN OLD;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER _100_detach_deleted BEFORE DELETE ON dispatch.calendars
+    FOR EACH ROW EXECUTE FUNCTION dispatch._calendar_before_delete();

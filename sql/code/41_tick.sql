@@ -168,6 +168,7 @@ DECLARE
     target timestamptz;
     slots timestamptz[];
     skipped dispatch.runs[];
+    passed timestamptz;
 BEGIN
     SELECT * INTO s FROM dispatch.schedules x WHERE x.id = _tick_schedule.schedule_id;
     IF s.next_run_at IS NULL OR s.next_run_at > horizon THEN
@@ -207,9 +208,18 @@ BEGIN
                              AND r.kind <> 'backfill') THEN
             target := CASE WHEN slot_run.id IS NULL THEN s.next_run_at
                            ELSE dispatch.cron_spec_next(s.cron_spec, s.next_run_at, s.timezone) END;
-            -- (a slot the calendar excludes is not buffered: it passes while the run is open)
+            -- the first slot outside the calendar's periods is the one buffered, once it is due;
+            -- those it passes over are a gap (calendar)
+            passed := target;
+            IF s.calendar_id IS NOT NULL AND target <= horizon THEN
+                target := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, target);
+            END IF;
             IF target <= horizon
                AND (s.calendar_id IS NULL OR NOT dispatch.calendar_excludes(s.calendar_id, target)) THEN
+                IF target > passed THEN
+                    PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[passed - interval '1 microsecond'], ARRAY[target],
+                                                  'calendar', dispatch._calendar_gap_note(s.calendar_id));
+                END IF;
                 INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, not_before)
                 VALUES (s.id, s.project_id, target, target + dispatch.jitter_offset(s.id, target, s.jitter), 'infinity')
                 ON CONFLICT DO NOTHING;
@@ -235,9 +245,13 @@ BEGIN
         target := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, first_in_grace);
         IF target > first_in_grace THEN
             PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[first_in_grace - interval '1 microsecond'], ARRAY[target],
-                                          'calendar', (SELECT jsonb_build_object('calendar', c.name)
-                                                       FROM dispatch.calendars c WHERE c.id = s.calendar_id));
+                                          'calendar', dispatch._calendar_gap_note(s.calendar_id));
             first_in_grace := target;
+        END IF;
+        IF first_in_grace <= horizon AND dispatch.calendar_excludes(s.calendar_id, first_in_grace) THEN
+            -- a thousand periods in a row: the next tick goes on from there
+            UPDATE dispatch.schedules SET next_run_at = first_in_grace WHERE id = s.id;
+            RETURN 0;
         END IF;
     END IF;
     IF first_in_grace > horizon THEN  -- nothing left to run: on to the next slot
@@ -299,8 +313,10 @@ EXCEPTION WHEN OTHERS THEN
     RAISE WARNING 'cannot compute the slots of schedule %: %', schedule_id, SQLERRM;
     UPDATE dispatch.schedules s
     SET next_run_at = greatest(s.next_run_at, clock_timestamp()) + interval '1 hour',
-        backoff_reason = format('cannot compute the next slot of "%s" in time zone %s (see the server log); trying again every hour',
-                                s.cron_expression, s.timezone)
+        backoff_reason = format('cannot compute the next slot of "%s" in time zone %s%s (see the server log); trying again every hour',
+                                s.cron_expression, s.timezone,
+                                (SELECT format(' or its calendar %s''s periods in time zone %s', c.name, c.timezone)
+                                 FROM dispatch.calendars c WHERE c.id = s.calendar_id))
     WHERE s.id = _tick_schedule_guarded.schedule_id;
     RETURN 0;
 END

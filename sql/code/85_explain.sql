@@ -276,6 +276,7 @@ DECLARE
     no_period record;
     after_excl timestamptz;  -- the first slot after it that runs
     shown integer;
+    passed_from timestamptz;  -- a due period's first slot, when the slot after it is due too
 BEGIN
     SELECT * INTO s FROM dispatch.schedules x WHERE x.id = explain.schedule_id;
     IF NOT FOUND THEN
@@ -439,9 +440,17 @@ BEGIN
                                                           s.timezone), s.next_run_at);
             first_in_grace := dispatch.cron_spec_next(s.cron_spec, last_missed, s.timezone);
         END IF;
+        -- a period of its calendar: passed over, and the first slot after it is due in turn when
+        -- it has come
         IF s.calendar_id IS NOT NULL AND first_in_grace <= now() THEN
             SELECT * INTO excl FROM dispatch._calendar_period(s.calendar_id, first_in_grace);
-            after_excl := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, first_in_grace);
+            IF excl.calendar IS NOT NULL THEN
+                after_excl := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, first_in_grace);
+                IF after_excl <= now() THEN
+                    passed_from := first_in_grace;
+                    first_in_grace := after_excl;
+                END IF;
+            END IF;
         END IF;
         target := CASE WHEN s.catchup = 'all' THEN first_in_grace
                        WHEN s.calendar_id IS NOT NULL
@@ -450,7 +459,7 @@ BEGIN
                                      first_in_grace)
                        ELSE coalesce(dispatch._cron_latest(s.cron_spec, first_in_grace - interval '1 microsecond',
                                                            now(), s.timezone), first_in_grace) END;
-        IF excl.calendar IS NOT NULL THEN
+        IF excl.calendar IS NOT NULL AND passed_from IS NULL THEN
             item := 'excluded';
             at := first_in_grace;
             detail := dispatch._excluded_detail(first_in_grace, excl, after_excl, s.timezone);
@@ -480,6 +489,10 @@ BEGIN
                 || CASE WHEN s.next_run_at < first_in_grace
                         THEN format('; the slots from %s to %s are beyond misfire_grace (%s) and are recorded skipped',
                                     dispatch._instant(s.next_run_at), dispatch._instant(last_missed), s.misfire_grace)
+                        ELSE '' END
+                || CASE WHEN passed_from IS NOT NULL
+                        THEN format('; the slots from %s, in a period of calendar %s, are passed over (a gap, calendar)',
+                                    dispatch._instant(passed_from), excl.calendar)
                         ELSE '' END
                 || CASE WHEN coalesced > 0
                         THEN format('; %s earlier slot%s since %s are coalesced into it (catchup latest)', coalesced,
@@ -590,7 +603,7 @@ BEGIN
                     item := 'end';
                     at := NULL;
                     run_id := NULL;
-                    detail := CASE WHEN k = 1 THEN 'no slot to come: ' ELSE 'no slot after these: ' END
+                    detail := CASE WHEN k = 0 THEN 'no slot to come: ' ELSE 'no slot after these: ' END
                               || dispatch._ended_reason(s) || next_note;
                     RETURN NEXT;
                     EXIT;

@@ -103,7 +103,7 @@ GRANT EXECUTE ON FUNCTION
     dispatch.calendar_excludes(bigint, timestamptz),
     dispatch._calendar_period(bigint, timestamptz),
     dispatch._calendar_slot(dispatch.cron_spec, text, bigint, timestamptz)
-TO dispatch_reader, dispatch_listener;
+TO dispatch_reader;
 GRANT EXECUTE ON FUNCTION dispatch.run_trace(bigint) TO dispatch_reader;
 GRANT EXECUTE ON FUNCTION
     dispatch.claim_event_deliveries(text, integer, interval),

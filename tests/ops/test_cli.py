@@ -687,6 +687,15 @@ def test_calendars(cli: Callable[..., Result], db: psycopg.Connection) -> None:
     assert unknown.code == 2 and "no calendar 'nope' of project acme or shared" in unknown.err
     cleared = cli("schedules", "update", added.json["schedule"]["id"], "--calendar", "none", "--json")
     assert cleared.json["schedule"]["calendar_id"] is None
+    for flags, said in ((["--date", "2031-12-24", "--weekly", "sat"], "not --date and --weekly"),
+                        (["--between", "01:00-02:00", "--date", "2031-12-24"],
+                         "--between goes with --weekly"),
+                        (["--from", "2031-12-24T10:00"], "--from and --to go together")):
+        conflicting = cli("calendars", "exclude", "holidays", *flags)
+        assert conflicting.code == 2 and said in conflicting.err, conflicting.err
+    own = cli("calendars", "exclude", "holidays", "--project", "acme", "--date", "2031-01-01", "--json")
+    assert own.code == 0 and own.json["calendar_id"] != day.json["calendar_id"]  # acme's, not the shared one
+    assert cli("calendars", "exclude", "holidays", "--project", "other", "--date", "2031-01-01").code == 2
     assert cli("calendars", "unexclude", str(weekly.json["id"])).code == 0
     assert cli("calendars", "delete", "holidays").code == 0
     assert [c["name"] for c in cli("calendars", "list", "--json").json] == ["holidays"]  # acme's
