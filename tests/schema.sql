@@ -557,6 +557,24 @@ $_$;
 
 
 --
+-- Name: _calendar_blocked(timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._calendar_blocked(horizon timestamp with time zone, OUT calendar_ids bigint[], OUT slots timestamp with time zone[]) RETURNS record
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    WITH due AS MATERIALIZED (  -- each pair once, whatever the planner would push down
+        SELECT DISTINCT s.calendar_id, s.next_run_at FROM dispatch.schedules s
+        WHERE s.calendar_id IS NOT NULL AND s.next_run_at <= _calendar_blocked.horizon
+    )
+    SELECT coalesce(array_agg(p.calendar_id), '{}'), coalesce(array_agg(p.next_run_at), '{}')
+    FROM due p
+    WHERE dispatch.calendar_excludes(p.calendar_id, p.next_run_at)
+$$;
+
+
+--
 -- Name: _calendar_exclusion_before_write(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -602,18 +620,6 @@ $$;
 
 
 --
--- Name: _calendar_gap_note(bigint); Type: FUNCTION; Schema: dispatch; Owner: -
---
-
-CREATE FUNCTION dispatch._calendar_gap_note(calendar_id bigint) RETURNS jsonb
-    LANGUAGE sql STABLE
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-    SELECT jsonb_build_object('calendar', c.name) FROM dispatch.calendars c WHERE c.id = _calendar_gap_note.calendar_id
-$$;
-
-
---
 -- Name: _calendar_latest(dispatch.cron_spec, text, bigint, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -639,15 +645,16 @@ $$;
 
 
 --
--- Name: _calendar_lets_bulk(bigint, timestamp with time zone, bigint, text, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _calendar_lets_bulk(bigint, timestamp with time zone, bigint, text, timestamp with time zone, bigint[], timestamp with time zone[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._calendar_lets_bulk(calendar_id bigint, slot timestamp with time zone, every_us bigint, catchup text, horizon timestamp with time zone) RETURNS boolean
-    LANGUAGE sql STABLE
+CREATE FUNCTION dispatch._calendar_lets_bulk(calendar_id bigint, slot timestamp with time zone, every_us bigint, catchup text, horizon timestamp with time zone, blocked_calendars bigint[], blocked_slots timestamp with time zone[]) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
     SELECT (catchup = 'all' OR horizon - slot < coalesce(every_us * interval '1 microsecond', interval '1 minute'))
-           AND NOT dispatch.calendar_excludes(calendar_id, slot)
+           AND NOT EXISTS (SELECT 1 FROM unnest(blocked_calendars, blocked_slots) AS b(c, t)
+                           WHERE b.c = calendar_id AND b.t = slot)
 $$;
 
 
@@ -656,15 +663,18 @@ $$;
 --
 
 CREATE FUNCTION dispatch._calendar_period(calendar_id bigint, at timestamp with time zone, OUT calendar text, OUT starts_at timestamp with time zone, OUT ends_at timestamp with time zone, OUT label text) RETURNS SETOF record
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+BEGIN
+    RETURN QUERY
     SELECT c.name, p.starts_at, p.ends_at, p.label
     FROM dispatch.calendar_periods(_calendar_period.calendar_id, _calendar_period.at,
                                    _calendar_period.at + interval '1 microsecond') p
     JOIN dispatch.calendars c ON c.id = _calendar_period.calendar_id
     ORDER BY p.ends_at DESC
-    LIMIT 1
+    LIMIT 1;
+END
 $$;
 
 
@@ -1666,10 +1676,10 @@ $_$;
 
 
 --
--- Name: _due_heads(timestamp with time zone, integer); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _due_heads(timestamp with time zone, integer, bigint[], timestamp with time zone[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._due_heads(horizon timestamp with time zone, max_runs integer) RETURNS uuid[]
+CREATE FUNCTION dispatch._due_heads(horizon timestamp with time zone, max_runs integer, blocked_calendars bigint[], blocked_slots timestamp with time zone[]) RETURNS uuid[]
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_sort TO 'off'
@@ -1725,7 +1735,7 @@ BEGIN
               AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
               AND (s.calendar_id IS NULL
                    OR dispatch._calendar_lets_bulk(s.calendar_id, s.next_run_at, (s.cron_spec).every_us, s.catchup,
-                                                   horizon))
+                                                   horizon, blocked_calendars, blocked_slots))
               AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
                               WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running'))
               AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
@@ -1738,10 +1748,10 @@ $$;
 
 
 --
--- Name: FUNCTION _due_heads(horizon timestamp with time zone, max_runs integer); Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: FUNCTION _due_heads(horizon timestamp with time zone, max_runs integer, blocked_calendars bigint[], blocked_slots timestamp with time zone[]); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch._due_heads(horizon timestamp with time zone, max_runs integer) IS 'For a chunk of the tick (dispatch.tick_chunk) behind which more is due: each project''s first due schedules of the plain kind (no run policy to decide), locked SKIP LOCKED, at most half of max_runs in all, split between the projects with due schedules; NULL when the chunk takes all that is due or only one project is due. The caller marks them first.';
+COMMENT ON FUNCTION dispatch._due_heads(horizon timestamp with time zone, max_runs integer, blocked_calendars bigint[], blocked_slots timestamp with time zone[]) IS 'For a chunk of the tick (dispatch.tick_chunk) behind which more is due: each project''s first due schedules of the plain kind (no run policy to decide), locked SKIP LOCKED, at most half of max_runs in all, split between the projects with due schedules; NULL when the chunk takes all that is due or only one project is due. The caller marks them first.';
 
 
 --
@@ -2370,6 +2380,12 @@ DECLARE
     pass integer;
     got integer;
     found_marked integer;
+    blocked_calendars bigint[];
+    blocked_slots timestamptz[];
+    passed_ids uuid[];
+    passed_los timestamptz[];
+    passed_his timestamptz[];
+    passed_done uuid[];
 BEGIN
     PERFORM dispatch._require_read_committed('dispatch.tick');
     -- Statistics that say runs is all but empty while it holds tens of thousands: what an
@@ -2411,10 +2427,12 @@ BEGIN
     -- (dispatch._due_heads), so that one project's burst does not hold everyone else's slot until
     -- the last chunk; then the rest, in next_run_at order (pass 2). Each pass locks, then decides
     -- (the second statement below, shared).
-    IF max_runs IS NOT NULL THEN
-        heads := dispatch._due_heads(horizon, max_runs);
-    END IF;
     BEGIN
+      -- the slots due that a period of their calendar holds go to the policies
+      SELECT * INTO blocked_calendars, blocked_slots FROM dispatch._calendar_blocked(horizon);
+      IF max_runs IS NOT NULL THEN
+          heads := dispatch._due_heads(horizon, max_runs, blocked_calendars, blocked_slots);
+      END IF;
       FOR pass IN 1..2 LOOP
         IF pass = 1 THEN
             IF heads IS NULL THEN
@@ -2430,7 +2448,8 @@ BEGIN
                    AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
                    AND (s.calendar_id IS NULL
                         OR dispatch._calendar_lets_bulk(s.calendar_id, s.next_run_at, (s.cron_spec).every_us,
-                                                        s.catchup, horizon)) AS plain
+                                                        s.catchup, horizon, blocked_calendars,
+                                                        blocked_slots)) AS plain
             FROM dispatch.schedules s
             -- Its open runs: one probe of runs_open_idx. Under skip, and for a chunk, any open
             -- run leaves the schedule alone, unlocked: that is how later chunks and the tick
@@ -2449,7 +2468,8 @@ BEGIN
                        AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
                        AND (s.calendar_id IS NULL
                             OR dispatch._calendar_lets_bulk(s.calendar_id, s.next_run_at, (s.cron_spec).every_us,
-                                                            s.catchup, horizon))))
+                                                            s.catchup, horizon, blocked_calendars,
+                                                            blocked_slots))))
             LIMIT _mark_due.max_runs - taken  -- NULL: all
             FOR NO KEY UPDATE OF s SKIP LOCKED
         )
@@ -2519,6 +2539,47 @@ BEGIN
         -- what changed between the two statements goes to the policies, which read it afresh
         by_policy := by_policy || changed_since;
       END LOOP;
+
+      -- The schedules on a blocked pair that nothing else sends to the policies pass over their
+      -- period together, as dispatch._tick_schedule would one by one (a holiday over a
+      -- stampede): the slot after it computed once per rule, zone, calendar and slot, their gaps
+      -- recorded by one call that shares the arithmetic too. Those whose next slot is due go on
+      -- to the policies, which mark it.
+      IF cardinality(blocked_calendars) > 0 AND by_policy IS NOT NULL THEN
+          WITH passing AS MATERIALIZED (
+              SELECT s.id, s.cron_spec, s.timezone, s.calendar_id, s.next_run_at
+              FROM dispatch.schedules s
+              JOIN unnest(blocked_calendars, blocked_slots) AS b(calendar_id, slot)
+                ON b.calendar_id = s.calendar_id AND b.slot = s.next_run_at
+              WHERE s.id = ANY (by_policy) AND s.backoff_reason IS NULL
+                AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
+                AND (s.overlap = 'allow'
+                     OR NOT EXISTS (SELECT 1 FROM dispatch.runs x
+                                    WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
+                                      AND NOT dispatch._waits_its_turn(x)))
+                AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
+                                WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at)
+          ), after AS MATERIALIZED (
+              SELECT v.*, CASE WHEN v.slot <= horizon THEN NOT dispatch.calendar_excludes(v.calendar_id, v.slot)
+                               ELSE false END AS due
+              FROM (SELECT u.*, dispatch._calendar_slot(u.cron_spec, u.timezone, u.calendar_id, u.next_run_at) AS slot
+                    FROM (SELECT DISTINCT p.cron_spec, p.timezone, p.calendar_id, p.next_run_at FROM passing p) u) v
+          ), moved AS (
+              UPDATE dispatch.schedules s SET next_run_at = a.slot
+              FROM passing p JOIN after a USING (cron_spec, timezone, calendar_id, next_run_at)
+              WHERE s.id = p.id
+              RETURNING s.id, p.next_run_at AS was, a.slot, a.due
+          )
+          SELECT array_agg(m.id), array_agg(m.was - interval '1 microsecond'), array_agg(m.slot),
+                 array_agg(m.id) FILTER (WHERE NOT m.due)
+          INTO passed_ids, passed_los, passed_his, passed_done
+          FROM moved m;
+          IF passed_ids IS NOT NULL THEN
+              PERFORM dispatch._record_gaps(passed_ids, passed_los, passed_his, 'calendar');
+              by_policy := ARRAY(SELECT unnest(by_policy) EXCEPT SELECT unnest(passed_done));
+              moved := true;
+          END IF;
+      END IF;
     EXCEPTION WHEN OTHERS THEN
         -- A slot that cannot be computed (a zone gone from the tz database) fails the statement
         -- for every schedule in it: each due schedule then goes on its own, and only that one
@@ -2766,10 +2827,10 @@ $$;
 
 
 --
--- Name: _record_gaps(uuid[], timestamp with time zone[], timestamp with time zone[], text, jsonb); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _record_gaps(uuid[], timestamp with time zone[], timestamp with time zone[], text); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text, extra jsonb DEFAULT NULL::jsonb) RETURNS integer
+CREATE FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -2777,7 +2838,7 @@ DECLARE
     recorded integer;
 BEGIN
     WITH gap AS (
-        SELECT s.id, s.project_id, s.function_name, s.cron_spec, s.timezone, x.lo, x.hi
+        SELECT s.id, s.project_id, s.function_name, s.cron_spec, s.timezone, s.calendar_id, x.lo, x.hi
         FROM unnest(_record_gaps.schedule_ids, _record_gaps.los, _record_gaps.his) AS x(id, lo, hi)
         JOIN dispatch.schedules s ON s.id = x.id
         WHERE x.hi > x.lo
@@ -2790,7 +2851,11 @@ BEGIN
         SELECT NULL, g.project_id, 'schedule.slots.skipped', jsonb_build_object(
                    'scheduleId', g.id, 'functionName', g.function_name, 'first', p.first_slot,
                    'last', p.last_slot, 'count', p.slots, 'countIsAtLeast', p.at_least,
-                   'reason', _record_gaps.reason) || coalesce(_record_gaps.extra, '{}')
+                   'reason', _record_gaps.reason)
+               || CASE WHEN _record_gaps.reason = 'calendar'
+                       THEN jsonb_build_object('calendar', (SELECT c.name FROM dispatch.calendars c
+                                                            WHERE c.id = g.calendar_id))
+                       ELSE '{}' END
         FROM gap g
         JOIN span p ON p.cron_spec = g.cron_spec AND p.timezone = g.timezone AND p.lo = g.lo AND p.hi = g.hi
         WHERE p.first_slot IS NOT NULL
@@ -3676,7 +3741,7 @@ BEGIN
                AND (s.calendar_id IS NULL OR NOT dispatch.calendar_excludes(s.calendar_id, target)) THEN
                 IF target > passed THEN
                     PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[passed - interval '1 microsecond'], ARRAY[target],
-                                                  'calendar', dispatch._calendar_gap_note(s.calendar_id));
+                                                  'calendar');
                 END IF;
                 INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, not_before)
                 VALUES (s.id, s.project_id, target, target + dispatch.jitter_offset(s.id, target, s.jitter), 'infinity')
@@ -3703,7 +3768,7 @@ BEGIN
         target := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, first_in_grace);
         IF target > first_in_grace THEN
             PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[first_in_grace - interval '1 microsecond'], ARRAY[target],
-                                          'calendar', dispatch._calendar_gap_note(s.calendar_id));
+                                          'calendar');
             first_in_grace := target;
         END IF;
         IF first_in_grace <= horizon AND dispatch.calendar_excludes(s.calendar_id, first_in_grace) THEN
@@ -4010,10 +4075,12 @@ COMMENT ON FUNCTION dispatch.breaker_states() IS 'The circuit breakers that are 
 --
 
 CREATE FUNCTION dispatch.calendar_excludes(calendar_id bigint, at timestamp with time zone) RETURNS boolean
-    LANGUAGE sql STABLE SECURITY DEFINER
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    SELECT EXISTS (SELECT 1 FROM dispatch._calendar_period(calendar_excludes.calendar_id, calendar_excludes.at))
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM dispatch._calendar_period(calendar_excludes.calendar_id, calendar_excludes.at));
+END
 $$;
 
 
@@ -4029,9 +4096,11 @@ COMMENT ON FUNCTION dispatch.calendar_excludes(calendar_id bigint, at timestamp 
 --
 
 CREATE FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamp with time zone, to_ts timestamp with time zone) RETURNS TABLE(starts_at timestamp with time zone, ends_at timestamp with time zone, exclusion_id bigint, label text)
-    LANGUAGE sql STABLE SECURITY DEFINER
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+BEGIN
+    RETURN QUERY
     SELECT p.lo, p.hi, e.id, e.label
     FROM dispatch.calendars c
     JOIN dispatch.calendar_exclusions e ON e.calendar_id = c.id
@@ -4050,7 +4119,8 @@ CREATE FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamp 
         WHERE e.days IS NOT NULL AND extract(isodow FROM x.d)::smallint = ANY (e.days)
     ) p
     WHERE c.id = calendar_periods.calendar_id AND p.hi > calendar_periods.from_ts AND p.lo < calendar_periods.to_ts
-    ORDER BY p.lo, p.hi, e.id
+    ORDER BY p.lo, p.hi, e.id;
+END
 $$;
 
 
@@ -7108,7 +7178,7 @@ CREATE INDEX runs_running_lease_idx ON dispatch.runs USING btree (lease_until) W
 -- Name: schedules_calendar_id_idx; Type: INDEX; Schema: dispatch; Owner: -
 --
 
-CREATE INDEX schedules_calendar_id_idx ON dispatch.schedules USING btree (calendar_id) WHERE (calendar_id IS NOT NULL);
+CREATE INDEX schedules_calendar_id_idx ON dispatch.schedules USING btree (calendar_id, next_run_at) WHERE (calendar_id IS NOT NULL);
 
 
 --
@@ -7320,17 +7390,17 @@ REVOKE ALL ON FUNCTION dispatch._calendar_before_write() FROM PUBLIC;
 
 
 --
+-- Name: FUNCTION _calendar_blocked(horizon timestamp with time zone, OUT calendar_ids bigint[], OUT slots timestamp with time zone[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._calendar_blocked(horizon timestamp with time zone, OUT calendar_ids bigint[], OUT slots timestamp with time zone[]) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _calendar_exclusion_before_write(); Type: ACL; Schema: dispatch; Owner: -
 --
 
 REVOKE ALL ON FUNCTION dispatch._calendar_exclusion_before_write() FROM PUBLIC;
-
-
---
--- Name: FUNCTION _calendar_gap_note(calendar_id bigint); Type: ACL; Schema: dispatch; Owner: -
---
-
-REVOKE ALL ON FUNCTION dispatch._calendar_gap_note(calendar_id bigint) FROM PUBLIC;
 
 
 --
@@ -7341,10 +7411,10 @@ REVOKE ALL ON FUNCTION dispatch._calendar_latest(spec dispatch.cron_spec, tz tex
 
 
 --
--- Name: FUNCTION _calendar_lets_bulk(calendar_id bigint, slot timestamp with time zone, every_us bigint, catchup text, horizon timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _calendar_lets_bulk(calendar_id bigint, slot timestamp with time zone, every_us bigint, catchup text, horizon timestamp with time zone, blocked_calendars bigint[], blocked_slots timestamp with time zone[]); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._calendar_lets_bulk(calendar_id bigint, slot timestamp with time zone, every_us bigint, catchup text, horizon timestamp with time zone) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._calendar_lets_bulk(calendar_id bigint, slot timestamp with time zone, every_us bigint, catchup text, horizon timestamp with time zone, blocked_calendars bigint[], blocked_slots timestamp with time zone[]) FROM PUBLIC;
 
 
 --
@@ -7683,10 +7753,10 @@ GRANT ALL ON FUNCTION dispatch._cron_value(expr text, field text, tok text, lo i
 
 
 --
--- Name: FUNCTION _due_heads(horizon timestamp with time zone, max_runs integer); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _due_heads(horizon timestamp with time zone, max_runs integer, blocked_calendars bigint[], blocked_slots timestamp with time zone[]); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._due_heads(horizon timestamp with time zone, max_runs integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._due_heads(horizon timestamp with time zone, max_runs integer, blocked_calendars bigint[], blocked_slots timestamp with time zone[]) FROM PUBLIC;
 
 
 --
@@ -7909,10 +7979,10 @@ GRANT ALL ON FUNCTION dispatch._prune_runs(after_id bigint, INOUT up_to bigint, 
 
 
 --
--- Name: FUNCTION _record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text, extra jsonb); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text, extra jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamp with time zone[], his timestamp with time zone[], reason text) FROM PUBLIC;
 
 
 --

@@ -29,10 +29,14 @@ COMMENT ON FUNCTION dispatch._wall_instant(timestamp, text) IS
 
 CREATE OR REPLACE FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamptz, to_ts timestamptz)
 RETURNS TABLE (starts_at timestamptz, ends_at timestamptz, exclusion_id bigint, label text)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- PL/pgSQL for its kept plan: the tick asks for every due slot of a calendar schedule, and a SQL
+-- function called from another is planned again at each call
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT p.lo, p.hi, e.id, e.label
     FROM dispatch.calendars c
     JOIN dispatch.calendar_exclusions e ON e.calendar_id = c.id
@@ -51,7 +55,8 @@ AS $$
         WHERE e.days IS NOT NULL AND extract(isodow FROM x.d)::smallint = ANY (e.days)
     ) p
     WHERE c.id = calendar_periods.calendar_id AND p.hi > calendar_periods.from_ts AND p.lo < calendar_periods.to_ts
-    ORDER BY p.lo, p.hi, e.id
+    ORDER BY p.lo, p.hi, e.id;
+END
 $$;
 COMMENT ON FUNCTION dispatch.calendar_periods(bigint, timestamptz, timestamptz) IS
     'The excluded periods of a calendar that overlap [from_ts, to_ts), as instants [starts_at, ends_at) with the exclusion they come from, earliest first: one row for a period, one for each day of a weekly exclusion. Wall-clock boundaries that daylight saving time skips or repeats are placed by the fixed-time rule of cron expressions.';
@@ -62,24 +67,29 @@ CREATE OR REPLACE FUNCTION dispatch._calendar_period(calendar_id bigint, at time
                                                      OUT calendar text, OUT starts_at timestamptz,
                                                      OUT ends_at timestamptz, OUT label text)
 RETURNS SETOF record
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT c.name, p.starts_at, p.ends_at, p.label
     FROM dispatch.calendar_periods(_calendar_period.calendar_id, _calendar_period.at,
                                    _calendar_period.at + interval '1 microsecond') p
     JOIN dispatch.calendars c ON c.id = _calendar_period.calendar_id
     ORDER BY p.ends_at DESC
-    LIMIT 1
+    LIMIT 1;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION dispatch.calendar_excludes(calendar_id bigint, at timestamptz)
 RETURNS boolean
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT EXISTS (SELECT 1 FROM dispatch._calendar_period(calendar_excludes.calendar_id, calendar_excludes.at))
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM dispatch._calendar_period(calendar_excludes.calendar_id, calendar_excludes.at));
+END
 $$;
 COMMENT ON FUNCTION dispatch.calendar_excludes(bigint, timestamptz) IS
     'Whether the instant lies in one of the calendar''s excluded periods (a slot there does not run).';
@@ -130,25 +140,36 @@ BEGIN
 END
 $$;
 
--- What a calendar gap's audit row adds: the calendar's name.
-CREATE OR REPLACE FUNCTION dispatch._calendar_gap_note(calendar_id bigint)
-RETURNS jsonb
+-- The (calendar, slot) pairs of the schedules due at the horizon that a period holds: checked
+-- once for all the schedules that share one (a stampede's), in two arrays.
+CREATE OR REPLACE FUNCTION dispatch._calendar_blocked(horizon timestamptz,
+                                                      OUT calendar_ids bigint[], OUT slots timestamptz[])
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT jsonb_build_object('calendar', c.name) FROM dispatch.calendars c WHERE c.id = _calendar_gap_note.calendar_id
+    WITH due AS MATERIALIZED (  -- each pair once, whatever the planner would push down
+        SELECT DISTINCT s.calendar_id, s.next_run_at FROM dispatch.schedules s
+        WHERE s.calendar_id IS NOT NULL AND s.next_run_at <= _calendar_blocked.horizon
+    )
+    SELECT coalesce(array_agg(p.calendar_id), '{}'), coalesce(array_agg(p.next_run_at), '{}')
+    FROM due p
+    WHERE dispatch.calendar_excludes(p.calendar_id, p.next_run_at)
 $$;
 
 -- Whether the tick's bulk marking may take a due schedule with a calendar: its slot is on time
--- (the one the bulk marking runs) and outside the calendar. The others go to the run policies.
+-- (the one the bulk marking runs) and not among the blocked pairs (dispatch._calendar_blocked).
+-- The others go to the run policies.
+DROP FUNCTION IF EXISTS dispatch._calendar_lets_bulk(bigint, timestamptz, bigint, text, timestamptz);
 CREATE OR REPLACE FUNCTION dispatch._calendar_lets_bulk(calendar_id bigint, slot timestamptz, every_us bigint,
-                                                        catchup text, horizon timestamptz)
+                                                        catchup text, horizon timestamptz,
+                                                        blocked_calendars bigint[], blocked_slots timestamptz[])
 RETURNS boolean
-LANGUAGE sql STABLE
+LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT (catchup = 'all' OR horizon - slot < coalesce(every_us * interval '1 microsecond', interval '1 minute'))
-           AND NOT dispatch.calendar_excludes(calendar_id, slot)
+           AND NOT EXISTS (SELECT 1 FROM unnest(blocked_calendars, blocked_slots) AS b(c, t)
+                           WHERE b.c = calendar_id AND b.t = slot)
 $$;
 
 -- Checked with a message that names the field (the CHECK constraints stay as the last line of

@@ -43,10 +43,10 @@ $$;
 -- One audit row schedule.slots.skipped for each schedule whose slots in (los[i], his[i]) are a
 -- gap. Schedules that share a rule, a zone and the bounds (a stampede, an outage) share the
 -- arithmetic. Returns how many gaps it recorded. PL/pgSQL so that its plan is kept: a SQL
--- function's statement would be planned at each call. `extra` goes into each row's metadata.
-DROP FUNCTION IF EXISTS dispatch._record_gaps(uuid[], timestamptz[], timestamptz[], text);
+-- function's statement would be planned at each call.
+DROP FUNCTION IF EXISTS dispatch._record_gaps(uuid[], timestamptz[], timestamptz[], text, jsonb);
 CREATE OR REPLACE FUNCTION dispatch._record_gaps(schedule_ids uuid[], los timestamptz[], his timestamptz[],
-                                                 reason text, extra jsonb DEFAULT NULL)
+                                                 reason text)
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -56,7 +56,7 @@ DECLARE
     recorded integer;
 BEGIN
     WITH gap AS (
-        SELECT s.id, s.project_id, s.function_name, s.cron_spec, s.timezone, x.lo, x.hi
+        SELECT s.id, s.project_id, s.function_name, s.cron_spec, s.timezone, s.calendar_id, x.lo, x.hi
         FROM unnest(_record_gaps.schedule_ids, _record_gaps.los, _record_gaps.his) AS x(id, lo, hi)
         JOIN dispatch.schedules s ON s.id = x.id
         WHERE x.hi > x.lo
@@ -69,7 +69,11 @@ BEGIN
         SELECT NULL, g.project_id, 'schedule.slots.skipped', jsonb_build_object(
                    'scheduleId', g.id, 'functionName', g.function_name, 'first', p.first_slot,
                    'last', p.last_slot, 'count', p.slots, 'countIsAtLeast', p.at_least,
-                   'reason', _record_gaps.reason) || coalesce(_record_gaps.extra, '{}')
+                   'reason', _record_gaps.reason)
+               || CASE WHEN _record_gaps.reason = 'calendar'
+                       THEN jsonb_build_object('calendar', (SELECT c.name FROM dispatch.calendars c
+                                                            WHERE c.id = g.calendar_id))
+                       ELSE '{}' END
         FROM gap g
         JOIN span p ON p.cron_spec = g.cron_spec AND p.timezone = g.timezone AND p.lo = g.lo AND p.hi = g.hi
         WHERE p.first_slot IS NOT NULL

@@ -218,7 +218,7 @@ BEGIN
                AND (s.calendar_id IS NULL OR NOT dispatch.calendar_excludes(s.calendar_id, target)) THEN
                 IF target > passed THEN
                     PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[passed - interval '1 microsecond'], ARRAY[target],
-                                                  'calendar', dispatch._calendar_gap_note(s.calendar_id));
+                                                  'calendar');
                 END IF;
                 INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, not_before)
                 VALUES (s.id, s.project_id, target, target + dispatch.jitter_offset(s.id, target, s.jitter), 'infinity')
@@ -245,7 +245,7 @@ BEGIN
         target := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, first_in_grace);
         IF target > first_in_grace THEN
             PERFORM dispatch._record_gaps(ARRAY[s.id], ARRAY[first_in_grace - interval '1 microsecond'], ARRAY[target],
-                                          'calendar', dispatch._calendar_gap_note(s.calendar_id));
+                                          'calendar');
             first_in_grace := target;
         END IF;
         IF first_in_grace <= horizon AND dispatch.calendar_excludes(s.calendar_id, first_in_grace) THEN
@@ -331,7 +331,9 @@ $$;
 -- schedules_project_next_run_at_idx, one project a step, due or not, until it has enough: its cost
 -- follows the number of projects, not of schedules. The caller decides under the lock, as for the rest of
 -- the chunk; a head that turns out not to be plain is left to the run policies like any other.
-CREATE OR REPLACE FUNCTION dispatch._due_heads(horizon timestamptz, max_runs integer)
+DROP FUNCTION IF EXISTS dispatch._due_heads(timestamptz, integer);
+CREATE OR REPLACE FUNCTION dispatch._due_heads(horizon timestamptz, max_runs integer,
+                                               blocked_calendars bigint[], blocked_slots timestamptz[])
 RETURNS uuid[]
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -391,7 +393,7 @@ BEGIN
               AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
               AND (s.calendar_id IS NULL
                    OR dispatch._calendar_lets_bulk(s.calendar_id, s.next_run_at, (s.cron_spec).every_us, s.catchup,
-                                                   horizon))
+                                                   horizon, blocked_calendars, blocked_slots))
               AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
                               WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running'))
               AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
@@ -401,7 +403,7 @@ BEGIN
             FOR NO KEY UPDATE OF s SKIP LOCKED) h);
 END
 $$;
-COMMENT ON FUNCTION dispatch._due_heads(timestamptz, integer) IS
+COMMENT ON FUNCTION dispatch._due_heads(timestamptz, integer, bigint[], timestamptz[]) IS
     'For a chunk of the tick (dispatch.tick_chunk) behind which more is due: each project''s first due schedules of the plain kind (no run policy to decide), locked SKIP LOCKED, at most half of max_runs in all, split between the projects with due schedules; NULL when the chunk takes all that is due or only one project is due. The caller marks them first.';
 
 -- The marking both public functions share: up to max_runs (NULL: all) due slots; `taken`
@@ -438,6 +440,12 @@ DECLARE
     pass integer;
     got integer;
     found_marked integer;
+    blocked_calendars bigint[];
+    blocked_slots timestamptz[];
+    passed_ids uuid[];
+    passed_los timestamptz[];
+    passed_his timestamptz[];
+    passed_done uuid[];
 BEGIN
     PERFORM dispatch._require_read_committed('dispatch.tick');
     -- Statistics that say runs is all but empty while it holds tens of thousands: what an
@@ -479,10 +487,12 @@ BEGIN
     -- (dispatch._due_heads), so that one project's burst does not hold everyone else's slot until
     -- the last chunk; then the rest, in next_run_at order (pass 2). Each pass locks, then decides
     -- (the second statement below, shared).
-    IF max_runs IS NOT NULL THEN
-        heads := dispatch._due_heads(horizon, max_runs);
-    END IF;
     BEGIN
+      -- the slots due that a period of their calendar holds go to the policies
+      SELECT * INTO blocked_calendars, blocked_slots FROM dispatch._calendar_blocked(horizon);
+      IF max_runs IS NOT NULL THEN
+          heads := dispatch._due_heads(horizon, max_runs, blocked_calendars, blocked_slots);
+      END IF;
       FOR pass IN 1..2 LOOP
         IF pass = 1 THEN
             IF heads IS NULL THEN
@@ -498,7 +508,8 @@ BEGIN
                    AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
                    AND (s.calendar_id IS NULL
                         OR dispatch._calendar_lets_bulk(s.calendar_id, s.next_run_at, (s.cron_spec).every_us,
-                                                        s.catchup, horizon)) AS plain
+                                                        s.catchup, horizon, blocked_calendars,
+                                                        blocked_slots)) AS plain
             FROM dispatch.schedules s
             -- Its open runs: one probe of runs_open_idx. Under skip, and for a chunk, any open
             -- run leaves the schedule alone, unlocked: that is how later chunks and the tick
@@ -517,7 +528,8 @@ BEGIN
                        AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
                        AND (s.calendar_id IS NULL
                             OR dispatch._calendar_lets_bulk(s.calendar_id, s.next_run_at, (s.cron_spec).every_us,
-                                                            s.catchup, horizon))))
+                                                            s.catchup, horizon, blocked_calendars,
+                                                            blocked_slots))))
             LIMIT _mark_due.max_runs - taken  -- NULL: all
             FOR NO KEY UPDATE OF s SKIP LOCKED
         )
@@ -587,6 +599,47 @@ BEGIN
         -- what changed between the two statements goes to the policies, which read it afresh
         by_policy := by_policy || changed_since;
       END LOOP;
+
+      -- The schedules on a blocked pair that nothing else sends to the policies pass over their
+      -- period together, as dispatch._tick_schedule would one by one (a holiday over a
+      -- stampede): the slot after it computed once per rule, zone, calendar and slot, their gaps
+      -- recorded by one call that shares the arithmetic too. Those whose next slot is due go on
+      -- to the policies, which mark it.
+      IF cardinality(blocked_calendars) > 0 AND by_policy IS NOT NULL THEN
+          WITH passing AS MATERIALIZED (
+              SELECT s.id, s.cron_spec, s.timezone, s.calendar_id, s.next_run_at
+              FROM dispatch.schedules s
+              JOIN unnest(blocked_calendars, blocked_slots) AS b(calendar_id, slot)
+                ON b.calendar_id = s.calendar_id AND b.slot = s.next_run_at
+              WHERE s.id = ANY (by_policy) AND s.backoff_reason IS NULL
+                AND (s.misfire_grace IS NULL OR horizon - s.next_run_at <= s.misfire_grace + s.jitter)
+                AND (s.overlap = 'allow'
+                     OR NOT EXISTS (SELECT 1 FROM dispatch.runs x
+                                    WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
+                                      AND NOT dispatch._waits_its_turn(x)))
+                AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
+                                WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at)
+          ), after AS MATERIALIZED (
+              SELECT v.*, CASE WHEN v.slot <= horizon THEN NOT dispatch.calendar_excludes(v.calendar_id, v.slot)
+                               ELSE false END AS due
+              FROM (SELECT u.*, dispatch._calendar_slot(u.cron_spec, u.timezone, u.calendar_id, u.next_run_at) AS slot
+                    FROM (SELECT DISTINCT p.cron_spec, p.timezone, p.calendar_id, p.next_run_at FROM passing p) u) v
+          ), moved AS (
+              UPDATE dispatch.schedules s SET next_run_at = a.slot
+              FROM passing p JOIN after a USING (cron_spec, timezone, calendar_id, next_run_at)
+              WHERE s.id = p.id
+              RETURNING s.id, p.next_run_at AS was, a.slot, a.due
+          )
+          SELECT array_agg(m.id), array_agg(m.was - interval '1 microsecond'), array_agg(m.slot),
+                 array_agg(m.id) FILTER (WHERE NOT m.due)
+          INTO passed_ids, passed_los, passed_his, passed_done
+          FROM moved m;
+          IF passed_ids IS NOT NULL THEN
+              PERFORM dispatch._record_gaps(passed_ids, passed_los, passed_his, 'calendar');
+              by_policy := ARRAY(SELECT unnest(by_policy) EXCEPT SELECT unnest(passed_done));
+              moved := true;
+          END IF;
+      END IF;
     EXCEPTION WHEN OTHERS THEN
         -- A slot that cannot be computed (a zone gone from the tz database) fails the statement
         -- for every schedule in it: each due schedule then goes on its own, and only that one

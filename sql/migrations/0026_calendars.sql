@@ -56,5 +56,6 @@ ALTER TABLE dispatch.schedules
     ADD COLUMN calendar_id bigint REFERENCES dispatch.calendars (id);
 COMMENT ON COLUMN dispatch.schedules.calendar_id IS
     'An exclusion calendar (dispatch.calendars, the project''s own or a shared one): its slots inside the calendar''s periods do not run and are recorded as a gap (reason calendar). NULL: none.';
--- what a calendar's DELETE checks (ON DELETE: the default, NO ACTION)
-CREATE INDEX schedules_calendar_id_idx ON dispatch.schedules (calendar_id) WHERE calendar_id IS NOT NULL;
+-- The due (calendar, slot) pairs the tick checks against the periods, once for all the schedules
+-- that share one; and what a calendar's DELETE checks.
+CREATE INDEX schedules_calendar_id_idx ON dispatch.schedules (calendar_id, next_run_at) WHERE calendar_id IS NOT NULL;
