@@ -142,6 +142,7 @@ class DispatchWalk(RuleBasedStateMachine):
         self.runs_count = 0
         self.last_seen_run = 0
         self.last_audit = 0
+        self.last_marked = 0
         self.dba_open: str | None = None  # "edit" or "tick"
         self.dba_holds: str | None = None  # the schedule an open edit holds
         # "project": the DBA's open transaction holds that project's row, setting this cap
@@ -422,21 +423,22 @@ class DispatchWalk(RuleBasedStateMachine):
           overlap=st.sampled_from(["skip", "buffer_one", "allow"]),
           catchup=st.sampled_from(["latest", "all"]),
           grace=st.sampled_from([None, "30 minutes", "3 hours"]), jitter=st.sampled_from(["0", "20 seconds"]),
-          project=st.sampled_from(PROJECTS), calendar=st.booleans())
+          project=st.sampled_from(PROJECTS), calendar=st.booleans(), pause_after=st.sampled_from([None, 2]))
     def admin_adds(self, expr: str, zone: str, attempts: int, overlap: str, catchup: str,
-                   grace: str | None, jitter: str, project: str, calendar: bool = False) -> None:
+                   grace: str | None, jitter: str, project: str, calendar: bool = False,
+                   pause_after: int | None = None) -> None:
         self.step()
         # Back-offs of milliseconds: retries come due by the real clock within a few steps.
         self.schedules.append(str(one(
             self.sessions.admin,
             "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, every, run_at,"
             " ends_at, max_runs, timezone, max_attempts, overlap, catchup, misfire_grace, retry_backoff,"
-            " retry_backoff_max, jitter, calendar_id) VALUES (%s, 'fn', %s, %s,"
+            " retry_backoff_max, jitter, calendar_id, pause_after_failures) VALUES (%s, 'fn', %s, %s,"
             " date_trunc('minute', now()) + %s::interval, now() + %s::interval, %s, %s, %s, %s, %s, %s,"
-            " '5 milliseconds', '40 milliseconds', %s, %s)"
+            " '5 milliseconds', '40 milliseconds', %s, %s, %s)"
             " RETURNING id",
             (project, *slot_rule(expr), zone, attempts, overlap, catchup if grace else "latest", grace,
-             jitter, self.calendar if calendar else None))))
+             jitter, self.calendar if calendar else None, pause_after))))
 
     @precondition(lambda self: self.admin_may_write())
     @rule(after=st.integers(1, 90), minutes=st.sampled_from([1, 3, 20, 90]), remove=st.booleans())
@@ -759,16 +761,22 @@ class DispatchWalk(RuleBasedStateMachine):
                                         " ('pending', 'running')")
         assert runs_count >= self.runs_count
         self.runs_count = runs_count
-        # a slot in a period of its schedule's calendar is never invoked (it may be recorded
-        # missed, beyond the grace); periods are only ever added ahead of what was marked
+        # a slot in a period of its schedule's calendar is never marked (it may be recorded
+        # missed, beyond the grace); periods are only ever added ahead of what was marked, so
+        # the runs marked since the last step are the ones to check
         assert clock.execute("""
             SELECT r.id FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id
-            WHERE s.calendar_id IS NOT NULL AND r.kind IN ('scheduled', 'backfill')
+            WHERE r.id > %s AND s.calendar_id IS NOT NULL AND r.kind IN ('scheduled', 'backfill')
               AND dispatch.calendar_excludes(s.calendar_id, r.scheduled_for)
-              AND NOT (r.status = 'skipped' AND r.error LIKE 'missed by %%')""").fetchall() == []
-        for (n,) in clock.execute("SELECT count(*) FROM dispatch.audit_log WHERE id > %s"
-                                  " AND metadata->>'reason' = 'calendar'", (self.last_audit,)):
-            DispatchWalk.seen_outcomes["calendar gap"] += n
+              AND NOT (r.status = 'skipped' AND r.error LIKE 'missed by %%')""",
+            (self.last_marked,)).fetchall() == []
+        self.last_marked = one(clock, "SELECT coalesce(max(id), 0) FROM dispatch.runs")
+        for gaps, paused in clock.execute(
+                "SELECT count(*) FILTER (WHERE metadata->>'reason' = 'calendar'),"
+                " count(*) FILTER (WHERE action = 'schedule.pause' AND actor_id IS NULL)"
+                " FROM dispatch.audit_log WHERE id > %s", (self.last_audit,)):
+            DispatchWalk.seen_outcomes["calendar gap"] += gaps
+            DispatchWalk.seen_outcomes["paused itself"] += paused
         self.last_audit = one(clock, "SELECT coalesce(max(id), 0) FROM dispatch.audit_log")
         # 6. a back-off instant (neither on a minute nor on an interval's slot from the creation
         # time) is recorded skipped, never attempted
@@ -902,7 +910,8 @@ def walk_by_hand(sessions: Sessions) -> None:
     holds; and a walk that ends on a schedule whose due run the cap holds. A second walk: a
     zone gone from tzdata under a claimed run, and the back-off instant recorded skipped; a
     lease of a run's last attempt that expires. A third: a slot in a period of the calendar,
-    passed over as a gap, and a walk that ends on a schedule whose next slot a period holds."""
+    passed over as a gap, a schedule that pauses itself after two failed runs, and a walk that
+    ends on a schedule whose next slot a period holds."""
     walk = DispatchWalk()
     steps: list[Callable[[], None]] = [
         lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0", "pa"),
@@ -966,10 +975,14 @@ def walk_by_hand(sessions: Sessions) -> None:
     walk = DispatchWalk()
     steps = [
         lambda: walk.admin_adds("* * * * *", "UTC", 3, "skip", "latest", None, "0", "pa", True),
-        lambda: walk.admin_edits_the_calendar(1, 3, False),  # its first three slots
+        lambda: walk.admin_adds("* * * * *", "UTC", 1, "skip", "latest", None, "0", "pb", False, 2),
+        lambda: walk.admin_edits_the_calendar(1, 3, False),  # pa's first three slots
         walk.time_passes,
-        walk.time_passes,  # passed over: a gap, calendar
-        lambda: walk.admin_edits_the_calendar(1, 3, False),  # its next slot, not due yet
+        walk.time_passes,  # pa's passed over: a gap, calendar; pb's first slot due
+        lambda: walk.listener_works_a_round(0, ["error"], False),
+        walk.time_passes,
+        lambda: walk.listener_works_a_round(0, ["error"], False),  # pb's second failure: it pauses itself
+        lambda: walk.admin_edits_the_calendar(1, 3, False),  # pa's next slot, not due yet
     ]
     for step in steps:
         step()
@@ -988,7 +1001,7 @@ def test_random_walks_keep_the_invariants(sessions: Sessions) -> None:
                        "cap below running", "claim skips a held project", "claim exact at a cap",
                        "claim beside held runs", "skipped: cannot compute the n",
                        "lost: lease of w1 expired ", "explain state capped", "explain open run capped",
-                       "calendar gap", "explain state excluded"}
+                       "calendar gap", "explain state excluded", "paused itself"}
     assert by_hand_reaches <= set(by_hand), by_hand
     DispatchWalk.steps = 0
     machine = DispatchWalkExplainedEveryFewSteps if EXPLAIN_EVERY else DispatchWalk
