@@ -564,13 +564,24 @@ CREATE FUNCTION dispatch._calendar_blocked(horizon timestamp with time zone, OUT
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-    WITH due AS MATERIALIZED (  -- each pair once, whatever the planner would push down
-        SELECT DISTINCT s.calendar_id, s.next_run_at FROM dispatch.schedules s
-        WHERE s.calendar_id IS NOT NULL AND s.next_run_at <= _calendar_blocked.horizon
+    WITH RECURSIVE calendar(id) AS (
+        (SELECT s.calendar_id FROM dispatch.schedules s WHERE s.calendar_id IS NOT NULL
+         ORDER BY s.calendar_id LIMIT 1)
+      UNION ALL
+        SELECT (SELECT s.calendar_id FROM dispatch.schedules s WHERE s.calendar_id > c.id
+                ORDER BY s.calendar_id LIMIT 1)
+        FROM calendar c WHERE c.id IS NOT NULL
+    ), due(calendar_id, slot) AS (
+        SELECT c.id, (SELECT min(s.next_run_at) FROM dispatch.schedules s WHERE s.calendar_id = c.id)
+        FROM calendar c WHERE c.id IS NOT NULL
+      UNION ALL
+        SELECT d.calendar_id, (SELECT min(s.next_run_at) FROM dispatch.schedules s
+                               WHERE s.calendar_id = d.calendar_id AND s.next_run_at > d.slot)
+        FROM due d WHERE d.slot <= _calendar_blocked.horizon
     )
-    SELECT coalesce(array_agg(p.calendar_id), '{}'), coalesce(array_agg(p.next_run_at), '{}')
-    FROM due p
-    WHERE dispatch.calendar_excludes(p.calendar_id, p.next_run_at)
+    SELECT coalesce(array_agg(d.calendar_id), '{}'), coalesce(array_agg(d.slot), '{}')
+    FROM due d
+    WHERE d.slot <= _calendar_blocked.horizon AND dispatch.calendar_excludes(d.calendar_id, d.slot)
 $$;
 
 

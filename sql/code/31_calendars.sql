@@ -264,7 +264,6 @@ $$;
 CREATE OR REPLACE TRIGGER _100_validate BEFORE INSERT OR UPDATE ON dispatch.calendar_exclusions
     FOR EACH ROW EXECUTE FUNCTION dispatch._calendar_exclusion_before_write();
 
-
 -- A deleted schedule keeps its definition, not a hold on its calendar: deleting the calendar
 -- detaches the deleted schedules that named it (those not deleted keep it in use).
 CREATE OR REPLACE FUNCTION dispatch._calendar_before_delete()
