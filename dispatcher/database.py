@@ -588,15 +588,15 @@ class Database:
             (run_id, schedule_id, project_id, function_name, args_json, request_id, scheduled_for, attempt,
              lease_until, timeout, fire_at) = row[:11]
             run_timeout_s = timeout.total_seconds() if timeout is not None else timeout_s
+            continues = row[12] if len(row) > 12 else None
             runs.append(Run(run_id=run_id, schedule_id=schedule_id, project_id=project_id,
                             function_name=function_name, args_json=args_json, request_id=request_id,
                             scheduled_for=scheduled_for, attempt=attempt, lease_until=lease_until,
                             lease_deadline=started + lease_s + run_timeout_s - timeout_s,
                             timeout_s=run_timeout_s, fire_at=fire_at,
                             kind=row[11] if len(row) > 11 else None,
-                            traceparent=tracing.traceparent(request_id, attempt,
-                                                            row[12] if len(row) > 12 else None),
-                            continues=row[12] if len(row) > 12 else None))
+                            traceparent=tracing.traceparent(request_id, attempt, continues),
+                            continues=continues))
         return runs
 
     def _complete_params(self, run: Run, outcome: Outcome) -> tuple[Any, ...]:

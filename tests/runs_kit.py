@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Any
 
 import psycopg
 
 __all__ = ["YEARLY", "add_schedule", "audit_of", "claim", "complete", "complete_many", "expire", "make_due",
-           "mark_yearly", "release", "run_row", "scalar"]
+           "mark_yearly", "release", "run_due", "run_row", "scalar", "slots_run"]
 
 YEARLY = "0 0 1 1 *"  # marked with tick(now() + 1 year): its next slot is a year after the run's
 
@@ -116,3 +117,19 @@ def audit_of(db: psycopg.Connection, run_id: int) -> list[tuple[str, dict[str, A
     return [(action, metadata) for action, metadata in db.execute(
         "SELECT action, metadata FROM dispatch.audit_log WHERE metadata->>'runId' = %s ORDER BY id",
         (str(run_id),))]
+
+
+def run_due(db: psycopg.Connection, horizon: datetime) -> list[tuple[Any, ...]]:
+    """Mark up to `horizon`, then claim and complete ok whatever is due: one round of a listener."""
+    db.execute("SELECT dispatch.tick(%s)", (horizon,))
+    runs = claim(db, "w", 100)
+    for run in runs:
+        complete(db, run)
+    return runs
+
+
+def slots_run(db: psycopg.Connection, sid: str) -> list[datetime]:
+    """The slots of a schedule that have a run of its own (kind scheduled), oldest first."""
+    return [slot for (slot,) in db.execute(
+        "SELECT scheduled_for FROM dispatch.runs WHERE schedule_id = %s AND kind = 'scheduled' ORDER BY 1",
+        (sid,))]

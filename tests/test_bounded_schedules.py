@@ -7,14 +7,14 @@ apply to the slots as to any others, and every slot is a run or lies in a record
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import errors
 
-from .runs_kit import add_schedule, claim, complete, scalar
+from .runs_kit import add_schedule, claim, complete, run_due, scalar, slots_run
 
 MINUTE = timedelta(minutes=1)
 
@@ -41,24 +41,9 @@ def explained(db: psycopg.Connection, sid: str, section: str) -> list[tuple[str,
         "SELECT item, detail FROM dispatch.explain(%s) WHERE section = %s", (sid, section))]
 
 
-def slots_run(db: psycopg.Connection, sid: str) -> list[datetime]:
-    return [slot for (slot,) in db.execute(
-        "SELECT scheduled_for FROM dispatch.runs WHERE schedule_id = %s AND kind = 'scheduled' ORDER BY 1",
-        (sid,))]
-
-
 def gap_slots(db: psycopg.Connection, sid: str) -> int:
     return int(scalar(db, "SELECT coalesce(sum((metadata->>'count')::int), 0) FROM dispatch.audit_log WHERE"
                           " action = 'schedule.slots.skipped' AND metadata->>'scheduleId' = %s", (sid,)))
-
-
-def run_due(db: psycopg.Connection, horizon: datetime) -> list[tuple[Any, ...]]:
-    """Mark up to `horizon`, then claim and complete ok whatever is due: one round of a listener."""
-    db.execute("SELECT dispatch.tick(%s)", (horizon,))
-    runs = claim(db, "w", 100)
-    for run in runs:
-        complete(db, run)
-    return runs
 
 
 def test_a_one_shot_fires_once_then_ends_and_keeps_its_history(db: psycopg.Connection) -> None:

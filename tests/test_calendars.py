@@ -15,7 +15,7 @@ import pytest
 from psycopg import errors
 
 from .explain_check import explain_agrees
-from .runs_kit import claim, complete, scalar
+from .runs_kit import claim, complete, run_due, scalar, slots_run
 from .test_privileges import as_role
 
 HOUR = timedelta(hours=1)
@@ -53,21 +53,6 @@ def add(db: psycopg.Connection, **columns: Any) -> str:
     return str(scalar(db, f"INSERT INTO dispatch.schedules ({', '.join(names)})"
                           f" VALUES ({', '.join(['%s'] * len(names))}) RETURNING id",
                       ["proj_1", "fn", *columns.values()]))
-
-
-def run_due(db: psycopg.Connection, horizon: datetime) -> list[tuple[Any, ...]]:
-    """Mark up to `horizon`, then claim and complete ok whatever is due: one round of a listener."""
-    db.execute("SELECT dispatch.tick(%s)", (horizon,))
-    runs = claim(db, "w", 500)
-    for run in runs:
-        complete(db, run)
-    return runs
-
-
-def slots_run(db: psycopg.Connection, sid: str) -> list[datetime]:
-    return [slot for (slot,) in db.execute(
-        "SELECT scheduled_for FROM dispatch.runs WHERE schedule_id = %s AND kind = 'scheduled' ORDER BY 1",
-        (sid,))]
 
 
 def gaps(db: psycopg.Connection, sid: str) -> list[dict[str, Any]]:

@@ -112,6 +112,10 @@ def _wall(text: str) -> datetime:
     return parsed
 
 
+def _scope(cal: dict[str, Any]) -> str:
+    return f"project {cal['project_id']}" if cal["project_id"] else "shared"
+
+
 def _rule(row: dict[str, Any]) -> str:
     if row["days"] is None:
         return f"{row['starts']:%Y-%m-%d %H:%M} to {row['ends']:%Y-%m-%d %H:%M}"
@@ -143,8 +147,7 @@ def _add(args: argparse.Namespace) -> int:
         print_json(row)
     else:
         assert row is not None
-        whose = f"project {row['project_id']}" if row["project_id"] else "shared"
-        print(f"added calendar {row['name']} ({whose}, {row['timezone']}); give it periods with "
+        print(f"added calendar {row['name']} ({_scope(row)}, {row['timezone']}); give it periods with "
               f"pgdispatch calendars exclude {row['name']}")
     return 0
 
@@ -209,8 +212,7 @@ def _show(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"calendar": cal, "exclusions": exclusions, "periods": periods, "schedules": schedules})
         return 0
-    whose = f"project {cal['project_id']}" if cal["project_id"] else "shared"
-    print(f"calendar {cal['name']} ({whose}), wall-clock times in {cal['timezone']}")
+    print(f"calendar {cal['name']} ({_scope(cal)}), wall-clock times in {cal['timezone']}")
     if cal["description"]:
         print(cal["description"])
     print("\nexclusions:")

@@ -510,22 +510,25 @@ BEGIN
                         ELSE '' END
                 || CASE WHEN listening THEN '' ELSE ' (no listener is connected: pg_cron''s minutely tick marks it)' END;
         END IF;
-    ELSIF s.calendar_id IS NOT NULL
-          AND EXISTS (SELECT 1 FROM dispatch._calendar_period(s.calendar_id, s.next_run_at)) THEN
-        SELECT * INTO excl FROM dispatch._calendar_period(s.calendar_id, s.next_run_at);
+    ELSE
+      IF s.calendar_id IS NOT NULL THEN
+          SELECT * INTO excl FROM dispatch._calendar_period(s.calendar_id, s.next_run_at);
+      END IF;
+      IF excl.calendar IS NOT NULL THEN
         after_excl := dispatch._calendar_slot(s.cron_spec, s.timezone, s.calendar_id, s.next_run_at);
         item := 'excluded';
         at := s.next_run_at;
-        detail := dispatch._excluded_detail(s.next_run_at, excl, after_excl, s.timezone)
-            || CASE WHEN head.id IS NOT NULL THEN format('; run %s is open beside it (overlap allow)', head.id) ELSE '' END;
-    ELSE
+        detail := dispatch._excluded_detail(s.next_run_at, excl, after_excl, s.timezone);
+      ELSE
         item := 'live';
         at := s.next_run_at + dispatch.jitter_offset(s.id, s.next_run_at, s.jitter);
         detail := format('live: its next slot is %s', dispatch._instant(s.next_run_at))
             || CASE WHEN at > s.next_run_at THEN format(', and fires at %s (jitter +%s)', dispatch._instant(at),
                                                        dispatch._span(at - s.next_run_at))
-                    ELSE '' END
-            || CASE WHEN head.id IS NOT NULL THEN format('; run %s is open beside it (overlap allow)', head.id) ELSE '' END;
+                    ELSE '' END;
+      END IF;
+      detail := detail
+          || CASE WHEN head.id IS NOT NULL THEN format('; run %s is open beside it (overlap allow)', head.id) ELSE '' END;
     END IF;
     RETURN NEXT;
 
@@ -595,7 +598,7 @@ BEGIN
             slot := first_next;
             k := 0;
             shown := 0;
-            -- three slots that run, and before them up to three periods of the calendar
+            -- the three slots that run, and the periods of the calendar before them: six rows at most
             WHILE k < 3 AND shown < 6 LOOP
                 section := 'next';
                 IF slot IS NULL OR NOT isfinite(slot) THEN
