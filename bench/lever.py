@@ -44,7 +44,7 @@ AS $$
           AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
                           WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running'))
         ORDER BY s.next_run_at
-        LIMIT max_runs
+        LIMIT _bench_claim_due.max_runs
         FOR NO KEY UPDATE OF s SKIP LOCKED
     ), started AS (
         INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, status, worker,

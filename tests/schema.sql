@@ -1584,6 +1584,7 @@ DECLARE
     h  integer := date_part('hour', t);
     mi integer := date_part('minute', t);
     x  integer;
+    days bigint;
     guard integer := 0;
 BEGIN
     LOOP
@@ -1599,7 +1600,9 @@ BEGIN
         ELSIF x > mo THEN
             mo := x; d := 1; h := 0; mi := 0;
         END IF;
-        x := dispatch._next_bit(dispatch._cron_days(spec, y, mo), d);
+        -- (a call as the argument would keep _next_bit from being inlined: it reads mask twice)
+        days := dispatch._cron_days(spec, y, mo);
+        x := dispatch._next_bit(days, d);
         IF x IS NULL THEN
             mo := mo + 1; d := 1; h := 0; mi := 0;
             IF mo > 12 THEN
