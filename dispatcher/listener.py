@@ -115,7 +115,8 @@ class Listener:
             settings.listen_database_url, application_name=settings.application_name,
             on_notify=self._notified, on_connected=self._clock.request_sweep,
             on_reconnected=self._reconnected, on_event=self._events.wake)
-        self._completer = Completer(self._db, on_advanced=self._clock.replan_soon, on_done=self._recorded)
+        self._completer = Completer(self._db, on_advanced=self._clock.replan_soon, on_done=self._recorded,
+                                    gather=max(1, settings.concurrency // 4))
         # (raises ConfigError when the extra is not installed)
         self._spans = InvocationSpans(settings.worker_id) if settings.span_export == "otlp" else None
         self._dispatcher: Dispatcher | None = None
