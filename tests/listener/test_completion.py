@@ -5,9 +5,10 @@ a real listener goes on dispatching."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -307,12 +308,26 @@ async def test_a_busy_outcome_is_kept_for_want_of_the_database_while_its_renewed
     await _recorded_once(adb, sink, within=10)
 
 
-async def _claimed(database: Database, db: psycopg.Connection, n: int) -> list[Run]:
-    add_schedules(db, n)
-    mark_all_due(db)
-    runs = await database.claim(n, lease_s=60, timeout_s=30)
-    assert len(runs) == n
-    return runs
+@contextlib.asynccontextmanager
+async def _writing(db: psycopg.Connection, dsn: str, n: int, *, gather: int,
+                   linger_s: float) -> AsyncIterator[tuple[Completer, list[Run]]]:
+    """A completion writer of its own (`gather`, `linger_s`) running on a database session, and
+    `n` runs it claimed there."""
+    database = Database(dsn, application_name="pgdispatch gather", worker_id="gather", pool_size=1)
+    await database.open()
+    completer = Completer(database, gather=gather, linger_s=linger_s)
+    writer = asyncio.create_task(completer.run())
+    try:
+        add_schedules(db, n)
+        mark_all_due(db)
+        runs = await database.claim(n, lease_s=60, timeout_s=30)
+        assert len(runs) == n
+        yield completer, runs
+    finally:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+        await database.close()
 
 
 async def test_outcomes_that_trickle_in_are_recorded_together(
@@ -321,12 +336,7 @@ async def test_outcomes_that_trickle_in_are_recorded_together(
     """Each complete_runs call costs the database about a millisecond whatever its size: the
     writer lets outcomes gather for a while before it writes, so that two outcomes a moment apart
     are one call (one transaction: one finished_at)."""
-    database = Database(dsn, application_name="pgdispatch gather", worker_id="gather", pool_size=1)
-    await database.open()
-    completer = Completer(database, gather=10, linger_s=1.0)
-    writer = asyncio.create_task(completer.run())
-    try:
-        first, second = await _claimed(database, db, 2)
+    async with _writing(db, dsn, 2, gather=10, linger_s=1.0) as (completer, (first, second)):
         completer.submit(first, Outcome(status="ok", http_status=200))
         await asyncio.sleep(0.2)  # the second outcome comes a moment later, within the linger
         completer.submit(second, Outcome(status="ok", http_status=200))
@@ -334,25 +344,14 @@ async def test_outcomes_that_trickle_in_are_recorded_together(
         finished = await scalar(adb, "SELECT array_agg(DISTINCT finished_at) FROM dispatch.runs"
                                      " WHERE id = ANY (%s)", ([first.run_id, second.run_id],))
         assert len(finished) == 1, finished
-    finally:
-        writer.cancel()
-        await database.close()
 
 
 async def test_the_writer_waits_no_longer_once_enough_outcomes_gathered(
     db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str,
 ) -> None:
     """The linger ends as soon as `gather` outcomes are queued: a busy listener writes at once."""
-    database = Database(dsn, application_name="pgdispatch gather", worker_id="gather", pool_size=1)
-    await database.open()
-    completer = Completer(database, gather=3, linger_s=600.0)
-    writer = asyncio.create_task(completer.run())
-    try:
-        runs = await _claimed(database, db, 3)
+    async with _writing(db, dsn, 3, gather=3, linger_s=600.0) as (completer, runs):
         for run in runs:
             completer.submit(run, Outcome(status="ok", http_status=200))
         await until(lambda: scalar(adb, "SELECT count(*) = 3 FROM dispatch.runs WHERE status = 'ok'"),
                     within=10, what="three outcomes recorded well before the linger would end")
-    finally:
-        writer.cancel()
-        await database.close()
