@@ -2494,17 +2494,26 @@ BEGIN
         END IF;
         taken := taken + got;
 
-        WITH checked AS MATERIALIZED (
-            -- still nothing of the schedule open, nor a run on its slot, as committed now
+        WITH seen AS MATERIALIZED (
+            -- as committed now: the schedule's open runs, and the run on its slot
             SELECT s.id, s.project_id, s.next_run_at, s.cron_spec, s.timezone, s.catchup, s.jitter,
-                   NOT EXISTS (SELECT 1 FROM dispatch.runs x
-                               WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
-                                 AND NOT dispatch._waits_its_turn(x))
-                   AND NOT EXISTS (SELECT 1 FROM dispatch.runs x
-                                   WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at) AS plain
+                   s.overlap, s.backoff_reason,
+                   EXISTS (SELECT 1 FROM dispatch.runs x
+                           WHERE x.schedule_id = s.id AND x.status IN ('pending', 'running')
+                             AND NOT dispatch._waits_its_turn(x)) AS open,
+                   (SELECT x.status FROM dispatch.runs x
+                    WHERE x.schedule_id = s.id AND x.scheduled_for = s.next_run_at) AS on_slot
             FROM dispatch.schedules s
             -- where the first statement locked them: no descent of schedules_pkey for each
             WHERE s.ctid = ANY (plain_at)
+        ), checked AS (
+            SELECT d.*, NOT d.open AND d.on_slot IS NULL AS plain,
+                   -- Marked since the first statement's snapshot by a tick that held the schedule
+                   -- until then (thousands at the top of a minute when ticks race): under skip,
+                   -- its open run on the slot leaves the policies nothing to decide.
+                   d.overlap = 'skip' AND d.open AND d.backoff_reason IS NULL
+                   AND d.on_slot IN ('pending', 'running') AS settled
+            FROM seen d
         ), slot AS (
             -- The slot to run: next_run_at when on time (cron slots are at least a minute apart,
             -- interval slots every_us, so none was missed) or under catchup all (the oldest
@@ -2546,7 +2555,7 @@ BEGIN
                    END AS n
             FROM slot x WHERE x.scheduled_for <> x.due_at
         )
-        SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.plain)
+        SELECT (SELECT count(*) FROM new_runs), array_agg(d.id) FILTER (WHERE NOT d.plain AND NOT d.settled)
         INTO found_marked, changed_since
         FROM checked d CROSS JOIN gaps;
         marked := marked + found_marked;
@@ -2607,10 +2616,24 @@ BEGIN
         END IF;
     END;
 
-    FOREACH sid IN ARRAY coalesce(by_policy, '{}') LOOP
-        marked := marked + dispatch._tick_schedule_guarded(sid, horizon);
+    -- One subtransaction for all of them: one each would be thousands at the top of an hour of
+    -- schedules with policies, past the 64 a backend keeps in shared memory, and every snapshot
+    -- taken meanwhile would look their transaction ids up in pg_subtrans. Only when one fails
+    -- (its slots cannot be computed) does each go on its own, that one backing off.
+    IF cardinality(by_policy) > 0 THEN
         moved := true;
-    END LOOP;
+        found_marked := marked;
+        BEGIN
+            FOREACH sid IN ARRAY by_policy LOOP
+                marked := marked + dispatch._tick_schedule(sid, horizon);
+            END LOOP;
+        EXCEPTION WHEN OTHERS THEN
+            marked := found_marked;
+            FOREACH sid IN ARRAY by_policy LOOP
+                marked := marked + dispatch._tick_schedule_guarded(sid, horizon);
+            END LOOP;
+        END;
+    END IF;
 
     -- Retries whose back-off is over wait for a claim like the runs just marked.
     IF marked + requeued > 0
