@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -12,7 +13,7 @@ import psycopg
 import pytest
 from aiohttp import web
 
-from dispatcher import clock
+from dispatcher import clock, dispatching
 from dispatcher.database import _int_array, _text_array
 
 from .kit import Call, Running, Sink, add_schedules, mark_all_due, scalar, until
@@ -163,6 +164,27 @@ async def test_a_slot_that_came_due_since_the_last_tick_is_not_skipped_by_a_repl
     db.execute("UPDATE dispatch.schedules SET next_run_at = now()")
     db.execute("SELECT pg_notify('dispatch', 'schedules')")
     await until(lambda: sink.calls, within=5, what="the invocation of the slot that came due")
+
+
+async def test_claims_after_a_short_one_are_spaced_while_runs_trickle_in(
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], sink: Sink, start_listener: StartListener
+) -> None:
+    # A jitter spreads 60 runs over 2 s: each comes due at an instant of its own and each recorded
+    # outcome wakes a claim too, so every claim is short. A claim's runs share its claimed_at (the
+    # transaction's now()): no two claims that took runs start closer than CLAIM_SPACING_S.
+    add_schedules(db, 60, cron="* * * * *")
+    db.execute("UPDATE dispatch.schedules SET jitter = interval '2 seconds'")
+    await start_listener(sweep_interval_s=3600)
+    with db.transaction():
+        db.execute("UPDATE dispatch.schedules"
+                   " SET next_run_at = date_trunc('milliseconds', now()) + interval '1 s'")
+        db.execute("SELECT pg_notify('dispatch', 'schedules')")
+    await until(lambda: scalar(adb, "SELECT count(*) = 60 FROM dispatch.runs WHERE status = 'ok'"),
+                within=30, what="60 runs recorded ok")
+    starts = [row[0] for row in db.execute("SELECT DISTINCT claimed_at FROM dispatch.runs ORDER BY 1")]
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(starts)]
+    assert len(starts) >= 10, starts  # the runs did trickle in
+    assert min(gaps) >= dispatching.CLAIM_SPACING_S, sorted(gaps)[:5]
 
 
 async def test_outcomes_are_recorded_with_their_error(
