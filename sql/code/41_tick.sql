@@ -437,6 +437,7 @@ DECLARE
     moved boolean := false;
     heads uuid[];
     more_policy uuid[];
+    marked_before integer;
     pass integer;
     got integer;
     found_marked integer;
@@ -668,13 +669,13 @@ BEGIN
     -- (its slots cannot be computed) does each go on its own, that one backing off.
     IF cardinality(by_policy) > 0 THEN
         moved := true;
-        found_marked := marked;
+        marked_before := marked;
         BEGIN
             FOREACH sid IN ARRAY by_policy LOOP
                 marked := marked + dispatch._tick_schedule(sid, horizon);
             END LOOP;
         EXCEPTION WHEN OTHERS THEN
-            marked := found_marked;
+            marked := marked_before;
             FOREACH sid IN ARRAY by_policy LOOP
                 marked := marked + dispatch._tick_schedule_guarded(sid, horizon);
             END LOOP;

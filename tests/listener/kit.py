@@ -103,6 +103,15 @@ def add_schedules(db: psycopg.Connection, n: int, *, function_name: str = "fn", 
     )
 
 
+def due_in_a_second(db: psycopg.Connection) -> None:
+    """Put every schedule's next slot 1 s ahead, as a definition change would, and tell the
+    listeners' clocks (NOTIFY dispatch 'schedules'): they tick it at its instant."""
+    with db.transaction():
+        db.execute("UPDATE dispatch.schedules"
+                   " SET next_run_at = date_trunc('milliseconds', now()) + interval '1 s'")
+        db.execute("SELECT pg_notify('dispatch', 'schedules')")
+
+
 def mark_all_due(db: psycopg.Connection) -> int:
     """Mark every schedule's next slot as a pending run (tick with the horizon a year ahead)."""
     row = db.execute("SELECT dispatch.tick(now() + interval '1 year')").fetchone()

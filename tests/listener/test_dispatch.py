@@ -16,7 +16,7 @@ from aiohttp import web
 from dispatcher import clock, dispatching
 from dispatcher.database import _int_array, _text_array
 
-from .kit import Call, Running, Sink, add_schedules, mark_all_due, scalar, until
+from .kit import Call, Running, Sink, add_schedules, due_in_a_second, mark_all_due, scalar, until
 
 StartListener = Callable[..., Awaitable[Running]]
 
@@ -101,10 +101,7 @@ async def test_two_listeners_mark_a_big_instant_in_chunks_and_claim_from_the_fir
     add_schedules(db, 2000)
     for _ in range(2):
         await start_listener(sweep_interval_s=3600)
-    with db.transaction():
-        db.execute("UPDATE dispatch.schedules"
-                   " SET next_run_at = date_trunc('milliseconds', now()) + interval '1 s'")
-        db.execute("SELECT pg_notify('dispatch', 'schedules')")
+    due_in_a_second(db)
 
     await until(lambda: scalar(adb, "SELECT count(*) = 2000 FROM dispatch.runs WHERE status = 'ok'"),
                 within=60, what="2000 runs recorded ok")
@@ -175,10 +172,7 @@ async def test_claims_after_a_short_one_are_spaced_while_runs_trickle_in(
     add_schedules(db, 60, cron="* * * * *")
     db.execute("UPDATE dispatch.schedules SET jitter = interval '2 seconds'")
     await start_listener(sweep_interval_s=3600)
-    with db.transaction():
-        db.execute("UPDATE dispatch.schedules"
-                   " SET next_run_at = date_trunc('milliseconds', now()) + interval '1 s'")
-        db.execute("SELECT pg_notify('dispatch', 'schedules')")
+    due_in_a_second(db)
     await until(lambda: scalar(adb, "SELECT count(*) = 60 FROM dispatch.runs WHERE status = 'ok'"),
                 within=30, what="60 runs recorded ok")
     starts = [row[0] for row in db.execute("SELECT DISTINCT claimed_at FROM dispatch.runs ORDER BY 1")]

@@ -12,7 +12,7 @@ import pytest
 
 from dispatcher import clock
 
-from .kit import Running, Sink, add_schedules, scalar, until
+from .kit import Running, Sink, add_schedules, due_in_a_second, scalar, until
 
 StartListener = Callable[..., Awaitable[Running]]
 
@@ -30,10 +30,7 @@ async def test_small_tenants_are_invoked_while_a_big_tenants_burst_goes_on(
     for project in SMALL:
         add_schedules(db, 1, project_id=project)
     await start_listener(sweep_interval_s=3600, concurrency=8)
-    with db.transaction():
-        db.execute("UPDATE dispatch.schedules"
-                   " SET next_run_at = date_trunc('milliseconds', now()) + interval '1 s'")
-        db.execute("SELECT pg_notify('dispatch', 'schedules')")
+    due_in_a_second(db)
 
     await until(lambda: scalar(adb, "SELECT count(*) = 1505 FROM dispatch.runs WHERE status = 'ok'"),
                 within=60, what="1505 runs recorded ok")
@@ -52,10 +49,7 @@ async def test_a_capped_projects_runs_go_as_places_free_up_without_a_sweep(
     add_schedules(db, 3, project_id="free")
     db.execute("INSERT INTO dispatch.projects (project_id, max_concurrency) VALUES ('capped', 1)")
     await start_listener(sweep_interval_s=3600, concurrency=8)
-    with db.transaction():
-        db.execute("UPDATE dispatch.schedules"
-                   " SET next_run_at = date_trunc('milliseconds', now()) + interval '1 s'")
-        db.execute("SELECT pg_notify('dispatch', 'schedules')")
+    due_in_a_second(db)
     await until(lambda: scalar(adb, "SELECT count(*) = 8 FROM dispatch.runs WHERE status = 'ok'"),
                 within=30, what="8 runs recorded ok")
     assert sorted(call.project_id for call in sink.calls) == ["capped"] * 5 + ["free"] * 3
