@@ -92,6 +92,9 @@ SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdispatch install'
 \set version 26
 \set name 0026_calendars
 \ir apply_migration.psql
+\set version 27
+\set name 0027_history_keeps_its_space
+\ir apply_migration.psql
 \ir code/10_cron_engine.sql
 \ir code/15_schema_version.sql
 \ir code/20_timezones.sql

@@ -100,7 +100,7 @@ CREATE TABLE dispatch.runs (
     CONSTRAINT runs_running_has_lease_check CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_until > claimed_at)))),
     CONSTRAINT runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'ok'::text, 'error'::text, 'skipped'::text, 'lost'::text])))
 )
-WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02', fillfactor='50');
+WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_insert_scale_factor='0.01', autovacuum_analyze_scale_factor='0.02', fillfactor='50', vacuum_truncate='false');
 
 
 --
@@ -6456,7 +6456,8 @@ CREATE TABLE dispatch.audit_log (
     ip_hash text,
     user_agent text,
     metadata jsonb DEFAULT '{}'::jsonb NOT NULL
-);
+)
+WITH (vacuum_truncate='false');
 
 
 --
