@@ -205,3 +205,21 @@ def test_a_claim_goes_past_projects_whose_due_runs_another_claimer_holds(db: psy
     one.commit()
     two.commit()
     assert scalar(db, "SELECT count(*) FROM dispatch.runs WHERE status = 'running'") == 8
+
+
+def test_a_claim_finds_the_runs_left_over_its_shares_in_one_pass_whatever_the_projects(
+        db: psycopg.Connection) -> None:
+    # 200 tenants with one due run each and one with many: a claim of 202 takes everyone's one and
+    # one more from the big one, found past the tenants that have nothing more in one statement,
+    # not in one pass (and a _claim_shares call) for each project it tried
+    for i in range(200):
+        add_many(db, f"t{i:03}", 1)
+    add_many(db, "t100-big", 50)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    db.execute("SET track_functions = 'pl'")
+    with db.transaction():
+        took = projects_of(claim(db, "w", 202))
+        passes = scalar(db, "SELECT pg_stat_get_xact_function_calls('dispatch._claim_shares'::regproc)")
+    assert sum(took.values()) == 202 and took["t100-big"] == 2 and len(took) == 201
+    assert passes <= 3

@@ -153,41 +153,26 @@ $$;
 COMMENT ON FUNCTION dispatch._claimable_projects(text, integer) IS
     'The projects with runs a claim may take now, at most n, each once: in project_id order from the first after "after", wrapping around to "after" itself.';
 
--- How many runs of each project a claim should hold in all (its target): n shared by weight,
+-- How many runs of each project a claim of n takes before the remainder: n shared by weight,
 -- water-filled (a project allowed fewer than its share takes its allowance, and the others share
--- the rest again), each share rounded down (`floors`) and the remainder handed out one run each:
--- first to projects that already hold more than their share rounded down (an earlier pass of the
--- same claim gave them their extra run), then in the order given to those whose share is under
--- one run, then in that order to the others. `last_extra`: the position of the last project
--- under one run given an extra run, else of the last other one (NULL: none). Pure arithmetic.
+-- the rest again), each share rounded down. Pure arithmetic.
 DROP FUNCTION IF EXISTS dispatch._claim_quotas(integer, integer[], integer[], boolean[]);
-DO $$
-DECLARE
-    fn regprocedure := pg_catalog.to_regprocedure('dispatch._claim_shares(integer, integer[], integer[], integer[])');
-BEGIN
-    IF fn IS NOT NULL AND pg_catalog.pg_get_function_result(fn) NOT LIKE '%floors integer[])' THEN
-        EXECUTE pg_catalog.format('DROP FUNCTION %s', fn);
-    END IF;
-END
-$$;
-CREATE OR REPLACE FUNCTION dispatch._claim_shares(n integer, weights integer[], allow integer[], taken integer[],
-                                                  OUT targets integer[], OUT last_extra integer,
-                                                  OUT floors integer[])
+DROP FUNCTION IF EXISTS dispatch._claim_shares(integer, integer[], integer[], integer[]);
+CREATE OR REPLACE FUNCTION dispatch._claim_shares(n integer, weights integer[], allow integer[])
+RETURNS integer[]
 LANGUAGE plpgsql
 IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     k integer := cardinality(weights);
+    shares integer[] := array_fill(0, ARRAY[k]);
     fixed boolean[] := array_fill(false, ARRAY[k]);
     rest bigint := n;
     total bigint;
-    extra bigint;
     changed boolean := true;
-    last_other integer;
     i integer;
 BEGIN
-    targets := array_fill(0, ARRAY[k]);
     WHILE changed LOOP
         changed := false;
         total := 0;
@@ -199,56 +184,22 @@ BEGIN
         FOR i IN 1..k LOOP
             IF NOT fixed[i] AND allow[i]::bigint * total < rest * weights[i] THEN
                 fixed[i] := true;
-                targets[i] := allow[i];
+                shares[i] := allow[i];
                 rest := rest - allow[i];
                 changed := true;
             END IF;
         END LOOP;
     END LOOP;
-    IF total = 0 THEN
-        floors := targets;
-        RETURN;
-    END IF;
-    extra := rest;
     FOR i IN 1..k LOOP
         IF NOT fixed[i] THEN
-            targets[i] := rest * weights[i] / total;
-            extra := extra - targets[i];
+            shares[i] := rest * weights[i] / total;
         END IF;
     END LOOP;
-    floors := targets;
-    FOR i IN 1..k LOOP
-        EXIT WHEN extra = 0;
-        IF NOT fixed[i] AND taken[i] > targets[i] THEN
-            targets[i] := targets[i] + 1;
-            fixed[i] := true;
-            extra := extra - 1;
-        END IF;
-    END LOOP;
-    -- projects whose share is under one run first: each is served within total weight / n
-    -- claims, however heavy the others, as the next claim starts after the last one served
-    FOR i IN 1..k LOOP
-        EXIT WHEN extra = 0;
-        IF NOT fixed[i] AND targets[i] = 0 AND allow[i] > 0 THEN
-            targets[i] := 1;
-            fixed[i] := true;
-            extra := extra - 1;
-            last_extra := i;
-        END IF;
-    END LOOP;
-    FOR i IN 1..k LOOP
-        EXIT WHEN extra = 0;
-        IF NOT fixed[i] AND targets[i] < allow[i] THEN
-            targets[i] := targets[i] + 1;
-            extra := extra - 1;
-            last_other := i;
-        END IF;
-    END LOOP;
-    last_extra := coalesce(last_extra, last_other);
+    RETURN shares;
 END
 $$;
-COMMENT ON FUNCTION dispatch._claim_shares(integer, integer[], integer[], integer[]) IS
-    'Arithmetic of dispatch.claim_runs: how many runs of each project a claim of n should hold, by weight, water-filled (a project allowed fewer than its share takes its allowance), each share rounded down (floors) and the remainder one run each (first to projects whose taken already exceeds their share rounded down, then in order to those whose share is under one run, then in order to the others; last_extra: the position of the last of the second kind given one, else of the last of the third).';
+COMMENT ON FUNCTION dispatch._claim_shares(integer, integer[], integer[]) IS
+    'Arithmetic of dispatch.claim_runs: how many runs of each project a claim of n takes before the remainder, by weight, water-filled (a project allowed fewer than its share takes its allowance), each share rounded down.';
 
 -- What a claim does with a pending run it locked: 'live', it starts; 'stale', it ends skipped
 -- (its schedule stopped, or its first attempt can no longer start within misfire_grace);
@@ -338,7 +289,7 @@ DECLARE
     allow integer[];
     was_allowed integer[];
     taken integer[];
-    shares record;
+    shares integer[];
     quotas integer[];
     first_ids bigint[];
     first_of integer[];
@@ -348,6 +299,14 @@ DECLARE
     slot_of integer[];
     slot_verdicts text[];
     slot_tids tid[];
+    spare integer;
+    walk integer[];
+    walked integer;
+    extra_ids bigint[];
+    locked bigint[];
+    extra_of integer[];
+    extra_verdicts text[];
+    extra_tids tid[];
     live_tids tid[];
     live_ids bigint[];
     late_ids bigint[];
@@ -455,41 +414,47 @@ BEGIN
         last_served := NULL;
         floors_pass := false;
 
-        -- Each pass computes how many runs each project should hold in all (dispatch._claim_shares)
-        -- and locks each project's next runs up to that, runs whose not_before is over first
-        -- (retries, slots that waited for their jittered instant), then runs in slot order, each
-        -- from the project's own index; a run another claim holds is skipped (concurrent claims
-        -- never get the same run, nothing waits). A project that had fewer runs to give than asked
-        -- is held to what it gave, and the next pass shares the rest among the others: one project
-        -- alone still gets full batches.
+        -- Each pass shares the claim by weight (dispatch._claim_shares) and locks each project's
+        -- next runs up to its share rounded down, runs whose not_before is over first (retries,
+        -- slots that waited for their jittered instant), then runs in slot order, each from the
+        -- project's own index; a run another claim holds is skipped (concurrent claims never get
+        -- the same run, nothing waits). The remainder of the shares goes one run each to the
+        -- projects next in turn that still have one, in one statement. A project that had fewer
+        -- runs to give than asked is held to what it gave, and the next pass shares the rest among
+        -- the others: one project alone still gets full batches.
         LOOP
             need := room - (SELECT sum(t) FROM unnest(taken) t);
             EXIT WHEN need <= 0;
+            walk := '{}';
             IF cardinality(projects) = 1 THEN  -- one project: no arithmetic to share
                 quotas := ARRAY[least(allow[1] - taken[1], need)];
             ELSE
-                shares := dispatch._claim_shares(room, weights, allow, taken);
+                shares := dispatch._claim_shares(room, weights, allow);
                 -- With unequal weights, passes first take each share rounded down and learn which
                 -- projects they emptied, until the shares rounded down are taken; the remainder,
                 -- handed out one run each in order, then goes to the projects that still have runs
                 -- (a project emptied by exactly its share would not show it, and the rest of its
                 -- share would not go to the others).
                 floors_pass := weights <> array_fill(weights[1], ARRAY[cardinality(weights)])
-                               AND EXISTS (SELECT FROM unnest(shares.floors, taken) AS f(f, t) WHERE f.f > f.t);
-                IF last_served IS NULL AND NOT floors_pass THEN
-                    -- the next claim starts after the last project that got an extra run (the
-                    -- remainder of the shares): those after it come first then
-                    last_served := coalesce(shares.last_extra, cardinality(projects));
-                END IF;
-                -- what is still wanted of each, at most `need` in all, in order
+                               AND EXISTS (SELECT FROM unnest(shares, taken) AS f(f, t) WHERE f.f > f.t);
+                -- what is still wanted of each up to its share rounded down, at most `need` in
+                -- all, in order
                 quotas := array_fill(0, ARRAY[cardinality(projects)]);
                 FOR i IN 1..cardinality(projects) LOOP
-                    quotas[i] := least(greatest(CASE WHEN floors_pass THEN shares.floors[i] ELSE shares.targets[i] END
-                                                - taken[i], 0), need);
+                    quotas[i] := least(greatest(shares[i] - taken[i], 0), need);
                     need := need - quotas[i];
                 END LOOP;
+                IF NOT floors_pass THEN
+                    -- Who may take one run of the remainder, in turn: the projects that have not
+                    -- had one yet and may hold more, those whose share is under one run first (each
+                    -- is then served within total weight / n claims, however heavy the others).
+                    walk := ARRAY(SELECT i FROM generate_subscripts(projects, 1) AS g(i)
+                                  WHERE taken[i] <= shares[i] AND shares[i] < allow[i]
+                                  ORDER BY shares[i] > 0, i);
+                END IF;
             END IF;
-            EXIT WHEN (SELECT coalesce(sum(q), 0) FROM unnest(quotas) q) = 0;
+            spare := CASE WHEN walk = '{}' THEN 0 ELSE need END;
+            EXIT WHEN (SELECT coalesce(sum(q), 0) FROM unnest(quotas) q) = 0 AND spare = 0;
 
             -- Each run is locked, then judged with its schedule in the same statement (a
             -- schedule's row is read for the runs this claim holds, not for those it skipped).
@@ -516,6 +481,56 @@ BEGIN
                 FOR UPDATE SKIP LOCKED) x
             JOIN dispatch.schedules s ON s.id = (x.r).schedule_id
             WHERE u.quota > coalesce(cardinality(array_positions(first_of, u.n::integer)), 0);
+            -- The remainder: one run from each project in `walk` order until there is none left
+            -- to give (the outer LIMIT stops the walk: no project after it is locked or read).
+            extra_ids := NULL;
+            extra_of := NULL;
+            walked := 0;
+            IF spare > 0 THEN
+                -- (a run this transaction locked is not skipped: the ones just taken are passed over)
+                locked := coalesce(first_ids, '{}') || coalesce(slot_ids, '{}');
+                SELECT array_agg((x.r).id ORDER BY x.k), array_agg(x.tid ORDER BY x.k), array_agg(x.n ORDER BY x.k),
+                       array_agg(dispatch._claim_verdict(x.r, s) ORDER BY x.k), max(x.k)
+                INTO extra_ids, extra_tids, extra_of, extra_verdicts, walked
+                FROM (SELECT y.r, y.tid, w.n, w.k::integer AS k
+                      FROM unnest(walk) WITH ORDINALITY AS w(n, k)
+                      CROSS JOIN LATERAL (
+                          SELECT * FROM (SELECT r, r.ctid AS tid FROM dispatch.runs r
+                                         WHERE r.project_id = projects[w.n] AND r.status = 'pending'
+                                           AND r.not_before IS NOT NULL AND r.not_before <= now()
+                                           AND r.id <> ALL (locked)
+                                         ORDER BY r.project_id, r.not_before, r.id
+                                         LIMIT 1
+                                         FOR UPDATE SKIP LOCKED) waited
+                          UNION ALL
+                          SELECT * FROM (SELECT r, r.ctid AS tid FROM dispatch.runs r
+                                         WHERE r.project_id = projects[w.n] AND r.status = 'pending'
+                                           AND r.not_before IS NULL AND r.id <> ALL (locked)
+                                         ORDER BY r.project_id, r.scheduled_for, r.id
+                                         LIMIT 1
+                                         FOR UPDATE SKIP LOCKED) in_slot_order
+                          LIMIT 1) y
+                      LIMIT spare) x
+                JOIN dispatch.schedules s ON s.id = (x.r).schedule_id;
+                -- every project up to the last one that gave a run was asked for one (all of them
+                -- when the remainder was not found)
+                walked := CASE WHEN coalesce(cardinality(extra_ids), 0) < spare THEN cardinality(walk) ELSE walked END;
+                FOR i IN 1..walked LOOP
+                    quotas[walk[i]] := quotas[walk[i]] + 1;
+                END LOOP;
+                IF last_served IS NULL AND extra_of IS NOT NULL THEN
+                    -- the next claim starts after the last project whose share was under one run
+                    -- that got one, else after the last that got one: those after it come first then
+                    last_served := coalesce((SELECT max(e.n) FILTER (WHERE shares[e.n] = 0) FROM unnest(extra_of) AS e(n)),
+                                            extra_of[cardinality(extra_of)]);
+                END IF;
+                slot_ids := slot_ids || extra_ids;
+                slot_tids := slot_tids || extra_tids;
+                slot_of := slot_of || extra_of;
+                slot_verdicts := slot_verdicts || extra_verdicts;
+            ELSIF last_served IS NULL AND NOT floors_pass THEN
+                last_served := cardinality(projects);  -- no remainder: the next claim starts after them all
+            END IF;
             -- a pass that found nothing goes on to share what the projects that had nothing left
             -- could not give among the others
             IF first_ids IS NOT NULL OR slot_ids IS NOT NULL THEN
