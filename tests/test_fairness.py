@@ -223,3 +223,22 @@ def test_a_claim_finds_the_runs_left_over_its_shares_in_one_pass_whatever_the_pr
         passes = scalar(db, "SELECT pg_stat_get_xact_function_calls('dispatch._claim_shares'::regproc)")
     assert sum(took.values()) == 202 and took["t100-big"] == 2 and len(took) == 201
     assert passes <= 3
+
+
+def test_a_claim_holds_no_pending_run_beyond_those_it_starts(db: psycopg.Connection,
+                                                             connect: Connect) -> None:
+    # the remainder (one run) is found at the first project in turn: the walk for it stops
+    # there, and no other tenant's second run is locked while the claim's transaction lasts
+    add_many(db, "a-big", 50)
+    for i in range(200):
+        add_many(db, f"t{i:03}", 2)
+    make_due(db)
+    db.execute("SELECT dispatch.tick()")
+    other = connect()
+    with db.transaction():
+        took = projects_of(claim(db, "w", 202))
+        pending = scalar(other, "SELECT count(*) FROM dispatch.runs WHERE status = 'pending'")
+        free = scalar(other, "SELECT count(*) FROM (SELECT FROM dispatch.runs WHERE status = 'pending'"
+                             " FOR UPDATE SKIP LOCKED) f")
+    assert took["a-big"] == 2 and sum(took.values()) == 202
+    assert free == pending - 202

@@ -84,9 +84,10 @@ def test_vacuum_after_a_prune_keeps_the_space_for_the_next_rows(db: psycopg.Conn
     # keeps those pages (no ACCESS EXCLUSIVE lock to truncate them) unless asked to hand them back.
     sid = db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
                      " VALUES ('p', 'fn', '* * * * *') RETURNING id").fetchone()[0]  # type: ignore[index]
-    db.execute("INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, status, created_at, finished_at,"
-               " attempt) SELECT %s, 'p', now() - g * interval '1 minute', 'ok', now() - interval '20 days',"
-               " now() - interval '20 days', 1 FROM generate_series(1, 5000) g", (sid,))
+    db.execute("INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, status, created_at,"
+               " finished_at, attempt) SELECT %s, 'p', now() - g * interval '1 minute', 'ok',"
+               " now() - interval '20 days', now() - interval '20 days', 1 FROM generate_series(1, 5000) g",
+               (sid,))
     db.execute("INSERT INTO dispatch.audit_log (at, action)"
                " SELECT now() - interval '100 days', 'schedule.run.ok' FROM generate_series(1, 5000)")
     size = f"SELECT pg_relation_size('dispatch.{table}')"
