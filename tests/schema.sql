@@ -4436,9 +4436,6 @@ BEGIN
             WHERE u.quota > coalesce(cardinality(array_positions(first_of, u.n::integer)), 0);
             -- The remainder: one run from each project in `walk` order until there is none left
             -- to give (the outer LIMIT stops the walk: no project after it is locked or read).
-            extra_ids := NULL;
-            extra_of := NULL;
-            walked := 0;
             IF spare > 0 THEN
                 -- (a run this transaction locked is not skipped: the ones just taken are passed over)
                 locked := coalesce(first_ids, '{}') || coalesce(slot_ids, '{}');
