@@ -7,6 +7,8 @@ import psycopg
 import pytest
 from psycopg import errors
 
+from tests.runs_kit import scalar
+
 
 def seed(db: psycopg.Connection) -> None:
     sid, stuck, late = (
@@ -82,8 +84,8 @@ def test_settings_are_one_checked_row(db: psycopg.Connection) -> None:
 def test_vacuum_after_a_prune_keeps_the_space_for_the_next_rows(db: psycopg.Connection, table: str) -> None:
     # A prune empties the old end of the table; the next minutes' rows fill it again, so vacuum
     # keeps those pages (no ACCESS EXCLUSIVE lock to truncate them) unless asked to hand them back.
-    sid = db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
-                     " VALUES ('p', 'fn', '* * * * *') RETURNING id").fetchone()[0]  # type: ignore[index]
+    sid = scalar(db, "INSERT INTO dispatch.schedules (project_id, function_name, cron_expression)"
+                     " VALUES ('p', 'fn', '* * * * *') RETURNING id")
     db.execute("INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, status, created_at,"
                " finished_at, attempt) SELECT %s, 'p', now() - g * interval '1 minute', 'ok',"
                " now() - interval '20 days', now() - interval '20 days', 1 FROM generate_series(1, 5000) g",
@@ -91,9 +93,9 @@ def test_vacuum_after_a_prune_keeps_the_space_for_the_next_rows(db: psycopg.Conn
     db.execute("INSERT INTO dispatch.audit_log (at, action)"
                " SELECT now() - interval '100 days', 'schedule.run.ok' FROM generate_series(1, 5000)")
     size = f"SELECT pg_relation_size('dispatch.{table}')"
-    before = db.execute(size).fetchone()[0]  # type: ignore[index]
+    before = scalar(db, size)
     assert db.execute("CALL dispatch.prune()").fetchone() == (5000, 5000)
     db.execute(f"VACUUM dispatch.{table}")
-    assert db.execute(size).fetchone()[0] == before  # type: ignore[index]
+    assert scalar(db, size) == before
     db.execute(f"VACUUM (TRUNCATE) dispatch.{table}")
-    assert db.execute(size).fetchone()[0] < before  # type: ignore[index]
+    assert scalar(db, size) < before
