@@ -62,6 +62,7 @@ import psycopg
 
 from bench.common import ROOT, cluster_cpu_s, memory_kb, process_cpu_s, recreate_database, tenants
 from chaos.run import Cluster, SinkProcess
+from dispatcher.cli.demo import CRON_JOBS
 
 DATABASE = "soak"
 PGDISPATCH = Path(sys.executable).parent / "pgdispatch"
@@ -195,8 +196,7 @@ class Soak:
             db.execute("VACUUM ANALYZE dispatch.schedules")
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE database = %s", (DATABASE,))
-            for job, every, command in (("dispatch-tick", "* * * * *", "SELECT dispatch.tick()"),
-                                        ("dispatch-prune", "*/10 * * * *", "CALL dispatch.prune()")):
+            for job, every, command in CRON_JOBS:
                 conn.execute("SELECT cron.schedule_in_database(%s, %s, %s, %s)",
                              (job, every, command, DATABASE))
         # the function `flapping` is down 60 s of every 4 minutes; nothing else ever fails

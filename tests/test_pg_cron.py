@@ -10,6 +10,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
+from dispatcher.cli.demo import CRON_JOBS
 from tests.conftest import ROOT, psql
 
 pytestmark = pytest.mark.pg_cron
@@ -40,6 +41,7 @@ def test_install_in_pg_crons_database_registers_the_job(cron_db: psycopg.Connect
             ("dispatch-prune", "*/10 * * * *", "CALL dispatch.prune()", "postgres"),
             ("dispatch-tick", "* * * * *", "SELECT dispatch.tick()", "postgres"),
         ]
+        assert sorted(CRON_JOBS) == [job[:3] for job in jobs]  # the demo's and the soak's
     finally:
         cron_db.execute("DROP SCHEMA IF EXISTS dispatch CASCADE")
 

@@ -40,6 +40,11 @@ __all__ = ["DEMO_DATABASE", "DemoError", "run_demo"]
 PG_CLUSTER = Path(__file__).parent.parent / "pg-cluster"
 DEMO_DATABASE = "pgdispatch_demo"
 DEMO_PROJECT = "demo"
+# The pg_cron jobs as sql/pg_cron.sql registers them: (name, schedule, command).
+CRON_JOBS = (
+    ("dispatch-tick", "* * * * *", "SELECT dispatch.tick()"),
+    ("dispatch-prune", "*/10 * * * *", "CALL dispatch.prune()"),
+)
 # Back-offs short enough to watch the retries of always-fails (docs/policies.md): the one before
 # attempt k + 1 is random, up to min(RETRY_BACKOFF_S * 2^(k-1), RETRY_BACKOFF_MAX_S) (full jitter).
 RETRY_BACKOFF_S = 2
@@ -151,10 +156,7 @@ def _register_cron_jobs(admin: str) -> str:
     with psycopg.connect(admin, autocommit=True) as conn:
         if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_cron'").fetchone() is None:
             return "no pg_cron in this PostgreSQL: the listener's own timer ticks"
-        for job, cron, command in [
-            ("dispatch-tick", "* * * * *", "SELECT dispatch.tick()"),
-            ("dispatch-prune", "*/10 * * * *", "CALL dispatch.prune()"),
-        ]:
+        for job, cron, command in CRON_JOBS:
             conn.execute(
                 "SELECT cron.schedule_in_database(%s, %s, %s, %s)", (job, cron, command, DEMO_DATABASE)
             )
