@@ -3,6 +3,7 @@ all day?
 
     .venv/bin/python -m bench.soak [--minutes 60] [--faults] [--schedules 50000] [--projects 1000]
                                    [--retention 5min] [--plot docs/img/soak.png] [--quick]
+                                   [--statements]
 
 A durable cluster with PostgreSQL's defaults (autovacuum on), pg_cron ticking `dispatch.tick()`
 every minute and `CALL dispatch.prune()` every 10 minutes as the install registers them, two
@@ -38,6 +39,11 @@ lies in a recorded gap (invariant 8); then the goals (after the first retention 
 and index sizes within 10 % minute to minute, dead tuples bounded, p99 within 2x of the first
 ten minutes', listener RSS within 10 %, no hot-path call over 1 s. The rows go to
 <dir>/soak.json and, with --plot, a PNG (matplotlib: `pip install -e .[bench]`).
+
+--statements: where the database's time goes. pg_stat_statements also tracks the statements
+that functions run (track = all), each minute's top statements are kept in its row, and the end
+prints those of the last minute: time, calls and shared blocks a run (a function's figures
+include those of the statements it runs).
 
 --quick: 2,000 schedules over 50 tenants, one minute sampled every 15 s, one listener killed:
 a smoke test of the harness (tests/test_soak.py), not of the figures.
@@ -120,6 +126,13 @@ HOT_PATH = """
     FROM pg_stat_statements
 """
 
+TOP_STATEMENTS = """
+    SELECT query, calls, total_exec_time, shared_blks_hit + shared_blks_read
+    FROM pg_stat_statements
+    WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+    ORDER BY total_exec_time DESC LIMIT 25
+"""
+
 # Slots of the last retained minutes that are neither a run nor in a recorded gap (invariant 8).
 UNACCOUNTED = """
     WITH slot AS (
@@ -157,6 +170,7 @@ class Soak:
     minutes: float
     sample_s: float
     faults: bool
+    statements: bool = False
     concurrency: int = 64
     cluster: Cluster = field(init=False)
     sink: SinkProcess = field(init=False)
@@ -187,6 +201,12 @@ class Soak:
         url = recreate_database(str(self.cluster.port), DATABASE)
         with psycopg.connect(url, autocommit=True) as db:
             db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            # (ALTER SYSTEM outlives the run: a run without --statements sets it back)
+            conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'" if self.statements
+                         else "ALTER SYSTEM RESET pg_stat_statements.track")
+            conn.execute("SELECT pg_reload_conf()")
+        with psycopg.connect(url, autocommit=True) as db:
             db.execute("ALTER TABLE dispatch.settings DROP CONSTRAINT settings_runs_retention_check,"
                        " DROP CONSTRAINT settings_audit_retention_check")
             db.execute("UPDATE dispatch.settings SET runs_retention = %s, audit_retention = %s",
@@ -283,6 +303,10 @@ class Soak:
         hot = db.execute(HOT_PATH, ("%claim_runs%", "%complete_runs%", "%dispatch.tick%")).fetchone()
         assert hot is not None
         row |= {"claim_max_ms": hot[0], "complete_max_ms": hot[1], "tick_max_ms": hot[2]}
+        if self.statements:
+            row["statements"] = [
+                {"query": " ".join(query.split())[:150], "calls": calls, "ms": ms, "blocks": blocks}
+                for query, calls, ms, blocks in db.execute(TOP_STATEMENTS).fetchall()]
         db.execute("SELECT pg_stat_statements_reset()")
         row["prunes"] = [
             {"at": s.timestamp(), "s": d} for s, d in admin.execute(
@@ -554,6 +578,8 @@ def main() -> None:
     parser.add_argument("--retention", default="5 minutes")
     parser.add_argument("--faults", action="store_true")
     parser.add_argument("--quick", action="store_true", help="a one-minute smoke test of the harness")
+    parser.add_argument("--statements", action="store_true",
+                        help="track the statements that functions run too, and print where the time went")
     parser.add_argument("--dir", type=Path)
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--report", action="store_true",
@@ -567,7 +593,8 @@ def main() -> None:
         report(folder, args.plot)
         return
     soak = Soak(folder=folder, schedules=args.schedules, projects=args.projects, retention=args.retention,
-                minutes=args.minutes, sample_s=15 if args.quick else 60, faults=args.faults or args.quick)
+                minutes=args.minutes, sample_s=15 if args.quick else 60, faults=args.faults or args.quick,
+                statements=args.statements)
     soak.run()
     # (--quick is a smoke test of the harness: its figures judge nothing)
     found, missed = goals(soak.rows, warm_min=15) if not args.quick else ([], None)
@@ -577,10 +604,26 @@ def main() -> None:
                                                  default=float))
     if not args.quick:
         print(table(soak.rows))
+    if args.statements:
+        print(statements(soak.rows))
     if args.plot:
         plot(soak.rows, soak.events, soak.t0, args.plot)
     if soak.failures:
         raise SystemExit(1)
+
+
+def statements(rows: list[dict[str, Any]]) -> str:
+    """The last sampled minute's top statements, a run being one of that minute's runs."""
+    row = next((r for r in reversed(rows) if r.get("statements") and r["runs"]), None)
+    if row is None:
+        return "statements: no minute with runs sampled"
+    runs = row["runs"]
+    lines = [f"statements of the minute at {row['t_min']:g} min ({runs:,} runs; nested ones included):",
+             f"{'ms':>8} {'calls':>7} {'us/run':>7} {'blocks/run':>10}  statement"]
+    for item in row["statements"]:
+        lines.append(f"{item['ms']:8.0f} {item['calls']:7,} {item['ms'] * 1000 / runs:7.1f}"
+                     f" {item['blocks'] / runs:10.1f}  {item['query'][:100]}")
+    return "\n".join(lines)
 
 
 def print_goals(found: list[str], missed: list[str] | None) -> None:
