@@ -201,12 +201,6 @@ class Soak:
         url = recreate_database(str(self.cluster.port), DATABASE)
         with psycopg.connect(url, autocommit=True) as db:
             db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        with psycopg.connect(admin, autocommit=True) as conn:
-            # (ALTER SYSTEM outlives the run: a run without --statements sets it back)
-            conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'" if self.statements
-                         else "ALTER SYSTEM RESET pg_stat_statements.track")
-            conn.execute("SELECT pg_reload_conf()")
-        with psycopg.connect(url, autocommit=True) as db:
             db.execute("ALTER TABLE dispatch.settings DROP CONSTRAINT settings_runs_retention_check,"
                        " DROP CONSTRAINT settings_audit_retention_check")
             db.execute("UPDATE dispatch.settings SET runs_retention = %s, audit_retention = %s",
@@ -219,6 +213,10 @@ class Soak:
             for job, every, command in CRON_JOBS:
                 conn.execute("SELECT cron.schedule_in_database(%s, %s, %s, %s)",
                              (job, every, command, DATABASE))
+            # (ALTER SYSTEM outlives the run: a run without --statements sets it back)
+            conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'" if self.statements
+                         else "ALTER SYSTEM RESET pg_stat_statements.track")
+            conn.execute("SELECT pg_reload_conf()")
         # the function `flapping` is down 60 s of every 4 minutes; nothing else ever fails
         self.sink = SinkProcess(self.folder, hang_s=5.0, flap_s=(60.0, 180.0))
         self.sink.mode = {}

@@ -35,7 +35,7 @@ from dispatcher.logs import configure_logging
 from dispatcher.migrations import install
 from dispatcher.signing import SIGNATURE_HEADER, verify_signature
 
-__all__ = ["DEMO_DATABASE", "DemoError", "run_demo"]
+__all__ = ["CRON_JOBS", "DEMO_DATABASE", "DemoError", "run_demo"]
 
 PG_CLUSTER = Path(__file__).parent.parent / "pg-cluster"
 DEMO_DATABASE = "pgdispatch_demo"
