@@ -36,11 +36,19 @@ async def warmed_up(db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], s
     await until(lambda: scalar(adb, "SELECT count(*) = 1 FROM dispatch.runs WHERE status = 'ok'"),
                 what="the warm-up run")
     # and the claim its outcome sets off (its claim was short) has come back: a claim still under
-    # way would take the runs the test marks next, with no NOTIFY needed
+    # way would take the runs the test marks next, with no NOTIFY needed. That claim starts after
+    # complete_runs returned (when its session went idle, unless a claim has used the session
+    # since); an earlier claim woken by the tick's second NOTIFY can start after finished_at, the
+    # completion's transaction start, and is not it.
     await until(lambda: scalar(adb, """
-        SELECT EXISTS (SELECT 1 FROM pg_stat_activity a, dispatch.runs r
-                       WHERE a.application_name LIKE 'pgdispatch%%' AND a.query LIKE '%%claim_runs%%'
-                         AND a.state = 'idle' AND a.query_start > r.finished_at)"""),
+        WITH listener AS (SELECT * FROM pg_stat_activity a WHERE a.application_name LIKE 'pgdispatch%%')
+        SELECT NOT EXISTS (SELECT 1 FROM listener a WHERE a.query LIKE '%%claim_runs%%' AND a.state <> 'idle')
+           AND EXISTS (SELECT 1 FROM listener a, dispatch.runs r
+                       WHERE a.query LIKE '%%claim_runs%%' AND a.state = 'idle'
+                         AND a.query_start > coalesce(
+                             (SELECT max(c.state_change) FROM listener c
+                              WHERE c.query LIKE '%%complete_runs%%' AND c.state = 'idle'),
+                             r.finished_at))"""),
                 what="the claim after the warm-up run's outcome")
     sink.calls.clear()
     db.execute("DELETE FROM dispatch.runs")
