@@ -1243,10 +1243,10 @@ COMMENT ON FUNCTION dispatch._claim_verdict(r dispatch.runs, s dispatch.schedule
 
 
 --
--- Name: _claimable_between(text, text, integer, text[], integer); Type: FUNCTION; Schema: dispatch; Owner: -
+-- Name: _claimable_between(text, text, integer, text[], boolean); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._claimable_between(after text, upto text, n integer, waiting text[], seen integer) RETURNS text[]
+CREATE FUNCTION dispatch._claimable_between(after text, upto text, n integer, waiting text[], whole boolean) RETURNS text[]
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_sort TO 'off'
@@ -1262,7 +1262,7 @@ BEGIN
             SELECT least((SELECT r.project_id FROM dispatch.runs r
                           WHERE r.status = 'pending' AND r.not_before IS NULL AND r.project_id > w.project_id
                           ORDER BY r.project_id LIMIT 1),
-                         CASE WHEN seen <= 5000  -- the whole front: its projects are all there are
+                         CASE WHEN whole  -- the whole front: its projects are all there are
                               THEN (SELECT min(p.project_id) FROM unnest(waiting) AS p(project_id)
                                     WHERE p.project_id > w.project_id)
                               ELSE (SELECT r.project_id FROM dispatch.runs r
@@ -1280,35 +1280,37 @@ $$;
 
 
 --
--- Name: FUNCTION _claimable_between(after text, upto text, n integer, waiting text[], seen integer); Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: FUNCTION _claimable_between(after text, upto text, n integer, waiting text[], whole boolean); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch._claimable_between(after text, upto text, n integer, waiting text[], seen integer) IS 'The projects with runs a claim may take now (pending, not_before NULL or over) after "after" and up to "upto" (NULL: no bound), at most n, in project_id order (a loose index scan: an index descent a project), given the front of the waiting runs that may start (dispatch._claimable_front).';
+COMMENT ON FUNCTION dispatch._claimable_between(after text, upto text, n integer, waiting text[], whole boolean) IS 'The projects with runs a claim may take now (pending, not_before NULL or over) after "after" and up to "upto" (NULL: no bound), at most n, in project_id order (a loose index scan: an index descent a project), given the front of the waiting runs that may start (dispatch._claimable_front).';
 
 
 --
 -- Name: _claimable_front(); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
-CREATE FUNCTION dispatch._claimable_front(OUT waiting text[], OUT seen integer) RETURNS record
+CREATE FUNCTION dispatch._claimable_front(OUT waiting text[], OUT whole boolean) RETURNS record
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
+DECLARE
+    front constant integer := 5000;
 BEGIN
-    SELECT array_agg(DISTINCT f.project_id), count(*) INTO waiting, seen
+    SELECT array_agg(DISTINCT f.project_id), count(*) <= front INTO waiting, whole
     FROM (SELECT r.project_id FROM dispatch.runs r
           WHERE r.status = 'pending' AND r.not_before IS NOT NULL AND r.not_before <= now()
           ORDER BY r.not_before, r.id
-          LIMIT 5001) f;
+          LIMIT front + 1) f;
 END
 $$;
 
 
 --
--- Name: FUNCTION _claimable_front(OUT waiting text[], OUT seen integer); Type: COMMENT; Schema: dispatch; Owner: -
+-- Name: FUNCTION _claimable_front(OUT waiting text[], OUT whole boolean); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch._claimable_front(OUT waiting text[], OUT seen integer) IS 'The projects of the pending runs whose not_before is over, from the first 5,001 entries of runs_not_before_idx in not_before order, and how many entries were read (5,001: there may be more).';
+COMMENT ON FUNCTION dispatch._claimable_front(OUT waiting text[], OUT whole boolean) IS 'The projects of the pending runs whose not_before is over, from the first 5,000 entries of runs_not_before_idx in not_before order, and whether those were all of them (false: there may be more).';
 
 
 --
@@ -1321,13 +1323,13 @@ CREATE FUNCTION dispatch._claimable_projects(after text, n integer) RETURNS text
     AS $$
 DECLARE
     front record := dispatch._claimable_front();
-    tail text[] := dispatch._claimable_between(coalesce(after, ''), NULL, n, front.waiting, front.seen);
+    tail text[] := dispatch._claimable_between(coalesce(after, ''), NULL, n, front.waiting, front.whole);
 BEGIN
     IF coalesce(after, '') = '' OR coalesce(cardinality(tail), 0) >= n THEN
         RETURN tail;
     END IF;
     RETURN tail || dispatch._claimable_between('', after, n - coalesce(cardinality(tail), 0), front.waiting,
-                                               front.seen);
+                                               front.whole);
 END
 $$;
 
@@ -7758,17 +7760,17 @@ REVOKE ALL ON FUNCTION dispatch._claim_verdict(r dispatch.runs, s dispatch.sched
 
 
 --
--- Name: FUNCTION _claimable_between(after text, upto text, n integer, waiting text[], seen integer); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _claimable_between(after text, upto text, n integer, waiting text[], whole boolean); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._claimable_between(after text, upto text, n integer, waiting text[], seen integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._claimable_between(after text, upto text, n integer, waiting text[], whole boolean) FROM PUBLIC;
 
 
 --
--- Name: FUNCTION _claimable_front(OUT waiting text[], OUT seen integer); Type: ACL; Schema: dispatch; Owner: -
+-- Name: FUNCTION _claimable_front(OUT waiting text[], OUT whole boolean); Type: ACL; Schema: dispatch; Owner: -
 --
 
-REVOKE ALL ON FUNCTION dispatch._claimable_front(OUT waiting text[], OUT seen integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dispatch._claimable_front(OUT waiting text[], OUT whole boolean) FROM PUBLIC;
 
 
 --

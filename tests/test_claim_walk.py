@@ -202,6 +202,6 @@ def test_the_walk_lists_the_projects_whose_waiting_runs_may_start(db: psycopg.Co
     for after, upto, n in [("", None, 100), ("", None, 3), ("p1", None, 100), ("p3", "p6", 100),
                            ("p7", None, 5)]:
         expected = [p for p in claimable if p > after and (upto is None or p <= upto)][:n]
-        got = scalar(db, "SELECT dispatch._claimable_between(%s, %s, %s, f.waiting, f.seen)"
+        got = scalar(db, "SELECT dispatch._claimable_between(%s, %s, %s, f.waiting, f.whole)"
                          " FROM dispatch._claimable_front() f", (after, upto, n))
         assert (got or []) == expected, (after, upto, n)

@@ -76,22 +76,25 @@ END
 $$;
 
 -- The projects of the waiting runs that may start now (not_before over), read off the front of
--- runs_not_before_idx: at most 5,001 entries, and how many were read.
-CREATE OR REPLACE FUNCTION dispatch._claimable_front(OUT waiting text[], OUT seen integer)
+-- runs_not_before_idx, and whether that was the whole front (at most `front` entries).
+DROP FUNCTION IF EXISTS dispatch._claimable_front();
+CREATE OR REPLACE FUNCTION dispatch._claimable_front(OUT waiting text[], OUT whole boolean)
 LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    front constant integer := 5000;
 BEGIN
-    SELECT array_agg(DISTINCT f.project_id), count(*) INTO waiting, seen
+    SELECT array_agg(DISTINCT f.project_id), count(*) <= front INTO waiting, whole
     FROM (SELECT r.project_id FROM dispatch.runs r
           WHERE r.status = 'pending' AND r.not_before IS NOT NULL AND r.not_before <= now()
           ORDER BY r.not_before, r.id
-          LIMIT 5001) f;
+          LIMIT front + 1) f;
 END
 $$;
 COMMENT ON FUNCTION dispatch._claimable_front() IS
-    'The projects of the pending runs whose not_before is over, from the first 5,001 entries of runs_not_before_idx in not_before order, and how many entries were read (5,001: there may be more).';
+    'The projects of the pending runs whose not_before is over, from the first 5,000 entries of runs_not_before_idx in not_before order, and whether those were all of them (false: there may be more).';
 
 -- The projects with runs to claim now (pending, not_before NULL or over) after `after` and up to
 -- `upto` (NULL: no bound), in project_id order, at most n. A loose index scan of the projects'
@@ -99,12 +102,13 @@ COMMENT ON FUNCTION dispatch._claimable_front() IS
 -- projects with waiting runs whose instant is over (retries, jittered slots) are read off the
 -- front of runs_not_before_idx first: such runs are claimed as they come due, so the front is
 -- short, while the per-project index of waiting runs holds every run still waiting for its
--- instant, which a walk of it steps over one by one. A front longer than 5,000 (a storm of
--- retries) is walked project by project. The caller reads the front once (_claimable_front) for
--- both ranges of a listing that wraps around.
+-- instant, which a walk of it steps over one by one. A front longer than _claimable_front reads
+-- (a storm of retries) is walked project by project. The caller reads the front once for both
+-- ranges of a listing that wraps around.
 DROP FUNCTION IF EXISTS dispatch._claimable_between(text, text, integer);
+DROP FUNCTION IF EXISTS dispatch._claimable_between(text, text, integer, text[], integer);
 CREATE OR REPLACE FUNCTION dispatch._claimable_between(after text, upto text, n integer, waiting text[],
-                                                       seen integer)
+                                                       whole boolean)
 RETURNS text[]
 -- PL/pgSQL for its cached plan (a SQL function with a SET clause is planned on every call)
 LANGUAGE plpgsql
@@ -127,7 +131,7 @@ BEGIN
             SELECT least((SELECT r.project_id FROM dispatch.runs r
                           WHERE r.status = 'pending' AND r.not_before IS NULL AND r.project_id > w.project_id
                           ORDER BY r.project_id LIMIT 1),
-                         CASE WHEN seen <= 5000  -- the whole front: its projects are all there are
+                         CASE WHEN whole  -- the whole front: its projects are all there are
                               THEN (SELECT min(p.project_id) FROM unnest(waiting) AS p(project_id)
                                     WHERE p.project_id > w.project_id)
                               ELSE (SELECT r.project_id FROM dispatch.runs r
@@ -142,7 +146,7 @@ BEGIN
     SELECT array_agg(w.project_id ORDER BY w.step) FROM walk w WHERE w.step > 0);
 END
 $$;
-COMMENT ON FUNCTION dispatch._claimable_between(text, text, integer, text[], integer) IS
+COMMENT ON FUNCTION dispatch._claimable_between(text, text, integer, text[], boolean) IS
     'The projects with runs a claim may take now (pending, not_before NULL or over) after "after" and up to "upto" (NULL: no bound), at most n, in project_id order (a loose index scan: an index descent a project), given the front of the waiting runs that may start (dispatch._claimable_front).';
 
 -- Round-robin: the claimable projects after `after`, then from the first up to `after` itself,
@@ -155,13 +159,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     front record := dispatch._claimable_front();
-    tail text[] := dispatch._claimable_between(coalesce(after, ''), NULL, n, front.waiting, front.seen);
+    tail text[] := dispatch._claimable_between(coalesce(after, ''), NULL, n, front.waiting, front.whole);
 BEGIN
     IF coalesce(after, '') = '' OR coalesce(cardinality(tail), 0) >= n THEN
         RETURN tail;
     END IF;
     RETURN tail || dispatch._claimable_between('', after, n - coalesce(cardinality(tail), 0), front.waiting,
-                                               front.seen);
+                                               front.whole);
 END
 $$;
 COMMENT ON FUNCTION dispatch._claimable_projects(text, integer) IS
