@@ -135,7 +135,6 @@ _NOT_AFTER = ("SELECT pg_catalog.set_config('pgdispatch.not_after', '{at}', true
 # The offset is read from the same clock_timestamp() as _NOT_AFTER's, as the session's search_path
 # finds it (tests/listener/test_deadlines.py steps the server's clock that way).
 _SERVER_CLOCK = "SELECT clock_timestamp() AS now"
-_COMPLETE = "CALL dispatch.complete_run(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 # Every column, read by position: kind (the twelfth) is there only once the install that added it
 # has run, and a listener must keep working on the install before.
 _CLAIM = "SELECT * FROM dispatch.claim_runs(%s, %s, %s, %s)"
@@ -599,23 +598,16 @@ class Database:
                             continues=continues))
         return runs
 
-    def _complete_params(self, run: Run, outcome: Outcome) -> tuple[Any, ...]:
-        return (run.run_id, self._worker_id, run.attempt, outcome.status, outcome.error, outcome.http_status,
-                outcome.duration_ms, outcome.retryable, outcome.retry_after_ms)
-
     async def complete(self, run: Run, outcome: Outcome) -> Recorded:
         """Record an outcome. Not recorded when the run is no longer running with the attempt
         this listener claimed (its lease expired and the run was retried or lost, or an earlier
         call whose answer was lost recorded it already)."""
-        sent = time.monotonic()
-        rows = await self._fetch(_COMPLETE, self._complete_params(run, outcome))
-        return _recorded(rows[0], sent)
+        return (await self.complete_many([(run, outcome)]))[0]
 
     async def complete_many(self, items: Sequence[tuple[Run, Outcome]]) -> list[Recorded]:
         """complete() for several runs with dispatch.complete_runs: one statement, one round trip,
-        one transaction."""
-        if len(items) == 1:
-            return [await self.complete(*items[0])]
+        one transaction. One run too: not `CALL dispatch.complete_run`, whose arguments
+        pg_stat_statements keeps (before PostgreSQL 17), one entry a call."""
         outcomes = [outcome for _, outcome in items]
         sent = time.monotonic()
         rows = await self._fetch(

@@ -19,6 +19,7 @@ import pytest
 from psycopg import sql
 
 from dispatcher.database import CALL_TIMEOUT_S, Database, DatabaseUnavailable, _preamble
+from dispatcher.runs import Outcome
 
 from .kit import ListenerProcess, Running, Sink, add_schedules, mark_all_due, scalar, until
 from .proxy import Proxy
@@ -250,6 +251,27 @@ async def test_claims_go_on_when_the_servers_clock_steps(
     if step_s > 0:
         assert any(getattr(record, "event", None) == "clock_offset_stale" for record in caplog.records), \
             "the step was never met: the test stepped nothing the listener reads"
+
+
+async def test_a_completion_of_one_run_reads_as_the_batches_do_to_pg_stat_statements(
+    db: psycopg.Connection, dsn: str
+) -> None:
+    """A CALL is a utility statement: before PostgreSQL 17, pg_stat_statements keeps its arguments,
+    one entry for each run completed alone. The text a session sent last stays in
+    pg_stat_activity while it is idle."""
+    add_schedules(db, 1)
+    mark_all_due(db)
+    database = Database(dsn, application_name="one-outcome", worker_id=WORKER, pool_size=1)
+    await database.open()
+    try:
+        [run] = await database.claim(1, 60, 30)
+        recorded = await database.complete(run, Outcome(status="ok", http_status=200))
+        sent = db.execute("SELECT query FROM pg_stat_activity"
+                          " WHERE application_name = 'one-outcome'").fetchone()
+    finally:
+        await database.close()
+    assert recorded.recorded
+    assert sent is not None and "dispatch.complete_runs(" in sent[0] and "CALL" not in sent[0], sent
 
 
 def test_what_precedes_each_call_reads_the_same_to_pg_stat_statements() -> None:
