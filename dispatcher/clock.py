@@ -11,7 +11,8 @@ unlimited tick that ends them marks whatever they left (the run policies' cases,
 tick held) and is what the instant covered is taken from. Planning
 from the instant covered rather than from now, a slot that comes due between a tick and a
 re-plan is ticked at once, not skipped. Every sweep interval it ticks and has the claimer claim,
-whether or not anything was marked (a NOTIFY may have been lost). A failed tick is retried after
+whether or not anything was marked (a NOTIFY may have been lost); a tick for a slot in the second
+half of the interval counts as the sweep. A failed tick is retried after
 a back-off with a floor, never in a loop, and said once rather than at every retry.
 
 A run marked earlier that waits for its instant (a jittered slot's fire_at, a retry's back-off:
@@ -137,7 +138,9 @@ class Clock:
                 started, started_mono = wake.start_at, now
                 self._on_start()
                 continue
-            sweep = time.monotonic() >= next_sweep
+            # A tick in the second half of the interval is the sweep: where slots come every few
+            # seconds, a sweep of its own would scan every due schedule once more in between.
+            sweep = time.monotonic() >= next_sweep - self._interval_s / 2
             if sweep:
                 self._sweep_requested = False  # this sweep answers any request made before it
             listened = self._listening()

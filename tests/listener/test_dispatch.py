@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -14,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from dispatcher import clock, dispatching
-from dispatcher.database import _int_array, _text_array
+from dispatcher.database import Database, _int_array, _text_array
 
 from .kit import Call, Running, Sink, add_schedules, due_in_a_second, mark_all_due, scalar, until
 
@@ -147,6 +148,34 @@ async def test_timer_ticks_at_the_due_instant_without_pg_cron(
     assert 0 <= late < 0.3, f"invoked {late * 1000:.0f} ms after its instant"
     await until(lambda: scalar(adb, "SELECT count(*) FROM dispatch.runs WHERE status = 'ok'"),
                 what="the run recorded")
+
+
+async def test_a_tick_for_a_slot_late_in_the_sweep_interval_is_the_sweep(
+    db: psycopg.Connection, dsn: str
+) -> None:
+    # Slots every second under overlap allow: each instant's tick marks a run. A sweep is a tick
+    # too (it scans every due schedule), so with slots this frequent a sweep of its own would be
+    # a tick that marks nothing; one of them serves instead, and sweeps still come within the
+    # interval.
+    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, every, overlap)"
+               " VALUES ('acme', 'fn', interval '1 second', 'allow')")
+    database = Database(dsn, application_name="clock-test", worker_id="clock-test", pool_size=2)
+    await database.open()
+    ticks: list[tuple[float, int, bool]] = []
+    ticker = clock.Clock(database, sweep_interval_s=3, listening=lambda: True,
+                         on_tick=lambda marked, sweep, _: ticks.append((time.monotonic(), marked, sweep)))
+    task = asyncio.create_task(ticker.run())
+    try:
+        await until(lambda: len(ticks) >= 8, within=20, what="8 ticks")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await database.close()
+    # the first is the sweep at start, which may come just before a slot
+    assert all(marked >= 1 for _, marked, _ in ticks[1:]), ticks
+    sweeps = [at for at, _, sweep in ticks if sweep]
+    assert max(later - earlier for earlier, later in itertools.pairwise(sweeps)) <= 3.5, ticks
 
 
 async def test_a_slot_that_came_due_since_the_last_tick_is_not_skipped_by_a_replan(
