@@ -10,9 +10,10 @@ schedules as it may; the
 unlimited tick that ends them marks whatever they left (the run policies' cases, rows another
 tick held) and is what the instant covered is taken from. Planning
 from the instant covered rather than from now, a slot that comes due between a tick and a
-re-plan is ticked at once, not skipped. Every sweep interval it ticks and has the claimer claim,
-whether or not anything was marked (a NOTIFY may have been lost); a tick for a slot in the second
-half of the interval counts as the sweep. A failed tick is retried after
+re-plan is ticked at once, not skipped. It ticks at least every sweep interval, a slot's tick
+counting as the sweep's (where slots come every few seconds, a sweep of its own would scan every
+due schedule once more in between), and the claimer claims after every tick, whether or not
+anything was marked (a NOTIFY may have been lost). A failed tick is retried after
 a back-off with a floor, never in a loop, and said once rather than at every retry.
 
 A run marked earlier that waits for its instant (a jittered slot's fire_at, a retry's back-off:
@@ -63,8 +64,10 @@ async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
 
 class Clock:
     """Calls dispatch.tick() on time. `on_tick(marked, sweep, listened)` follows every successful
-    tick: how many runs it marked, whether it was a sweep, and whether LISTEN was active when it
-    began (a sweep that began before could have missed a NOTIFY sent before the LISTEN).
+    tick: how many runs it marked, whether it was a sweep (the first, the first after
+    request_sweep(), then any tick half an interval or more after the last sweep: one at least
+    every one and a half intervals), and whether LISTEN was active when it began (a sweep that
+    began before could have missed a NOTIFY sent before the LISTEN).
     `on_marked(marked)` follows every chunk that marked runs: the claimer may start on them, but
     a chunk is no tick (it expires no lease), so only on_tick says that ticks succeed.
     `on_start()`: a waiting run's instant came, the claimer may take it."""
@@ -104,6 +107,7 @@ class Clock:
 
     async def run(self) -> None:
         next_sweep = time.monotonic()
+        swept = float("-inf")  # time.monotonic() when the last sweep began
         not_before = 0.0  # after a failed tick: no tick before this, whatever is due
         backoff = Backoff(max_s=1.0)  # tick again soon after the database is back
         failing_since: float | None = None
@@ -138,9 +142,8 @@ class Clock:
                 started, started_mono = wake.start_at, now
                 self._on_start()
                 continue
-            # A tick in the second half of the interval is the sweep: where slots come every few
-            # seconds, a sweep of its own would scan every due schedule once more in between.
-            sweep = time.monotonic() >= next_sweep - self._interval_s / 2
+            began = time.monotonic()
+            sweep = began >= next_sweep or began - swept >= self._interval_s / 2
             if sweep:
                 self._sweep_requested = False  # this sweep answers any request made before it
             listened = self._listening()
@@ -166,7 +169,8 @@ class Clock:
             backoff.reset()
             not_before = 0.0
             if sweep:
-                next_sweep = time.monotonic() + self._interval_s
+                swept = began
+            next_sweep = time.monotonic() + self._interval_s  # whatever woke it, it was a tick
             self._on_tick(marked, sweep, listened)
 
     async def _tick(self) -> tuple[int, datetime]:

@@ -184,8 +184,8 @@ class Listener:
         if marked:
             logger.debug("tick marked %d run%s", marked, "" if marked == 1 else "s",
                          extra={"event": "tick", "marked": marked, "sweep": sweep})
-        if (marked or sweep) and self._dispatcher is not None:
-            self._dispatcher.wake()
+        if self._dispatcher is not None:
+            self._dispatcher.wake()  # marked or not: what a lost NOTIFY announced is claimed
         if sweep and listened:
             self.ready.set()
         if sweep:

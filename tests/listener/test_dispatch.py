@@ -150,32 +150,32 @@ async def test_timer_ticks_at_the_due_instant_without_pg_cron(
                 what="the run recorded")
 
 
-async def test_a_tick_for_a_slot_late_in_the_sweep_interval_is_the_sweep(
+async def test_a_slots_tick_is_the_sweeps_when_slots_come_as_often_as_sweeps(
     db: psycopg.Connection, dsn: str
 ) -> None:
-    # Slots every second under overlap allow: each instant's tick marks a run. A sweep is a tick
-    # too (it scans every due schedule), so with slots this frequent a sweep of its own would be
-    # a tick that marks nothing; one of them serves instead, and sweeps still come within the
-    # interval.
-    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, every, overlap)"
-               " VALUES ('acme', 'fn', interval '1 second', 'allow')")
+    # Slots every 2 s under overlap allow, each instant's tick marking a run, and a sweep every
+    # 2 s. A sweep is a tick too (it scans every due schedule): a sweep of its own would be a
+    # tick between two slots that marks nothing. The slots come half a second after the clock's
+    # first sweep, so that sweeps on a timer of their own would fall between slots at every turn.
+    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, every, anchor, overlap)"
+               " VALUES ('acme', 'fn', interval '2 seconds', clock_timestamp() + interval '0.5 s', 'allow')")
     database = Database(dsn, application_name="clock-test", worker_id="clock-test", pool_size=2)
     await database.open()
     ticks: list[tuple[float, int, bool]] = []
-    ticker = clock.Clock(database, sweep_interval_s=3, listening=lambda: True,
+    ticker = clock.Clock(database, sweep_interval_s=2, listening=lambda: True,
                          on_tick=lambda marked, sweep, _: ticks.append((time.monotonic(), marked, sweep)))
     task = asyncio.create_task(ticker.run())
     try:
-        await until(lambda: len(ticks) >= 8, within=20, what="8 ticks")
+        await until(lambda: len(ticks) >= 5, within=20, what="5 ticks")
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await database.close()
-    # the first is the sweep at start, which may come just before a slot
-    assert all(marked >= 1 for _, marked, _ in ticks[1:]), ticks
+    assert all(marked >= 1 for _, marked, _ in ticks[1:]), ticks  # the first is the clock's start
+    assert max(later - earlier for earlier, later in itertools.pairwise(at for at, *_ in ticks)) < 2.5, ticks
     sweeps = [at for at, _, sweep in ticks if sweep]
-    assert max(later - earlier for earlier, later in itertools.pairwise(sweeps)) <= 3.5, ticks
+    assert max(later - earlier for earlier, later in itertools.pairwise(sweeps)) < 3.5, ticks
 
 
 async def test_a_slot_that_came_due_since_the_last_tick_is_not_skipped_by_a_replan(
