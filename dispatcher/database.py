@@ -124,17 +124,22 @@ CANCEL_TIMEOUT_S = 2.0
 _BOUND = ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED;"
           " SELECT pg_catalog.set_config('statement_timeout', '{bound}', true),"
           " pg_catalog.set_config('lock_timeout', '{bound}', true); ")
-# Then, once the clocks' offset is known: a call that arrives after its deadline does nothing. The
-# deadline travels in a setting of the transaction, so that the block's text never changes.
+# Then, once the clocks' offset is known: a call that arrives after its deadline does nothing
+# (dispatch.check_deadline). An install older than that function gets a DO block instead, which
+# PostgreSQL compiles at every call; its deadline travels in a setting of the transaction, so
+# that the block's text never changes.
 _LATE = "arrived after its deadline"
-_NOT_AFTER = ("SELECT pg_catalog.set_config('pgdispatch.not_after', '{at}', true);"
-              " DO $$DECLARE deadline text := pg_catalog.current_setting('pgdispatch.not_after');"
-              " BEGIN IF clock_timestamp() > deadline::timestamptz THEN"
-              " RAISE EXCEPTION '" + _LATE + " (%)', deadline USING ERRCODE = 'query_canceled';"
-              " END IF; END$$; ")
+_NOT_AFTER = "SELECT dispatch.check_deadline(clock_timestamp(), '{at}'); "
+_NOT_AFTER_BLOCK = ("SELECT pg_catalog.set_config('pgdispatch.not_after', '{at}', true);"
+                    " DO $$DECLARE deadline text := pg_catalog.current_setting('pgdispatch.not_after');"
+                    " BEGIN IF clock_timestamp() > deadline::timestamptz THEN"
+                    " RAISE EXCEPTION '" + _LATE + " (%)', deadline USING ERRCODE = 'query_canceled';"
+                    " END IF; END$$; ")
 # The offset is read from the same clock_timestamp() as _NOT_AFTER's, as the session's search_path
-# finds it (tests/listener/test_deadlines.py steps the server's clock that way).
-_SERVER_CLOCK = "SELECT clock_timestamp() AS now"
+# finds it (tests/listener/test_deadlines.py steps the server's clock that way), and with it
+# whether the install has dispatch.check_deadline.
+_SERVER_CLOCK = ("SELECT clock_timestamp() AS now,"
+                 " to_regprocedure('dispatch.check_deadline(timestamptz,timestamptz)') IS NOT NULL AS checks")
 # Every column, read by position: kind (the twelfth) is there only once the install that added it
 # has run, and a listener must keep working on the install before.
 _CLAIM = "SELECT * FROM dispatch.claim_runs(%s, %s, %s, %s)"
@@ -239,16 +244,19 @@ def _server_left_s(deadline: float) -> float:
     return left_s - min(SERVER_MARGIN_S, left_s / 4)
 
 
-def _preamble(left_s: float, not_after: datetime | None) -> str:
-    """What precedes a call's statement in its message: _BOUND for `left_s`, then _NOT_AFTER
-    unless `not_after` is None."""
+def _preamble(left_s: float, not_after: datetime | None, *, checks: bool = True) -> str:
+    """What precedes a call's statement in its message: _BOUND for `left_s`, then, unless
+    `not_after` is None, _NOT_AFTER (or, when the install has no dispatch.check_deadline,
+    _NOT_AFTER_BLOCK)."""
     message = _BOUND.format(bound=f"{max(1, int(left_s * 1000))}ms")
-    return message if not_after is None else message + _NOT_AFTER.format(at=not_after.isoformat())
+    if not_after is None:
+        return message
+    return message + (_NOT_AFTER if checks else _NOT_AFTER_BLOCK).format(at=not_after.isoformat())
 
 
 async def _bounded(conn: LiveConnection, query: str, params: tuple[Any, ...],
                    row_factory: AsyncRowFactory[Row], deadline: float,
-                   server_clock_offset_s: float | None = None) -> list[Row]:
+                   server_clock_offset_s: float | None = None, *, checks: bool = True) -> list[Row]:
     """`query`, which the server ends by `deadline`, in one message of the simple protocol: the
     settings of _BOUND, then the statement, in one implicit transaction that the server commits as
     soon as the statement ends. Not BEGIN ... COMMIT: the locks the statement took would be held
@@ -262,7 +270,7 @@ async def _bounded(conn: LiveConnection, query: str, params: tuple[Any, ...],
     if server_clock_offset_s is not None:
         at = datetime.fromtimestamp(now + left_s + server_clock_offset_s, UTC)
     cursor = psycopg.AsyncClientCursor(conn, row_factory=row_factory)
-    await cursor.execute(_preamble(left_s, at) + cursor.mogrify(query, params))
+    await cursor.execute(_preamble(left_s, at, checks=checks) + cursor.mogrify(query, params))
     while cursor.nextset():  # the settings' results, then the statement's
         pass
     return await cursor.fetchall()
@@ -384,6 +392,7 @@ class Database:
         self._server_clock_offset_s: float | None = None  # the server's clock less time.monotonic()
         self._clock_read_at = float("-inf")  # time.monotonic() of the last reading
         self._last_offset_s: float | None = None  # the last trusted reading, kept when one is dropped
+        self._checks_deadlines = False  # the install has dispatch.check_deadline (read with the offset)
         self.pool = self._new_pool()
 
     def _new_pool(self) -> AsyncConnectionPool[LiveConnection]:
@@ -494,6 +503,7 @@ class Database:
         rows = await _bounded(conn, _SERVER_CLOCK, (), dict_row, deadline)
         received = time.monotonic()
         self._clock_read_at = received
+        self._checks_deadlines = rows[0]["checks"]
         if received - sent > CLOCK_READ_MAX_RTT_S:
             return
         offset_s = rows[0]["now"].timestamp() - (sent + received) / 2
@@ -524,7 +534,7 @@ class Database:
                             await self._read_server_clock(conn, deadline)
                         try:
                             rows = await _bounded(conn, query, params, row_factory, deadline,
-                                                  self._server_clock_offset_s)
+                                                  self._server_clock_offset_s, checks=self._checks_deadlines)
                         except errors.QueryCanceled as exc:
                             if read_again or not _refused_in_time(exc, deadline):
                                 raise

@@ -4154,6 +4154,29 @@ COMMENT ON FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timest
 
 
 --
+-- Name: check_deadline(timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch.check_deadline(now timestamp with time zone, not_after timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF check_deadline.now > check_deadline.not_after THEN
+        RAISE EXCEPTION 'arrived after its deadline (%)', check_deadline.not_after USING ERRCODE = 'query_canceled';
+    END IF;
+END
+$$;
+
+
+--
+-- Name: FUNCTION check_deadline(now timestamp with time zone, not_after timestamp with time zone); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch.check_deadline(now timestamp with time zone, not_after timestamp with time zone) IS 'Raise query_canceled ("arrived after its deadline") when now is after not_after. A listener calls it with clock_timestamp() ahead of each statement, in the same transaction, so that a call that reaches the server after the listener gave up on it does nothing.';
+
+
+--
 -- Name: check_timezone(text); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -8354,6 +8377,14 @@ GRANT ALL ON FUNCTION dispatch.calendar_excludes(calendar_id bigint, at timestam
 
 REVOKE ALL ON FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamp with time zone, to_ts timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION dispatch.calendar_periods(calendar_id bigint, from_ts timestamp with time zone, to_ts timestamp with time zone) TO dispatch_reader;
+
+
+--
+-- Name: FUNCTION check_deadline(now timestamp with time zone, not_after timestamp with time zone); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch.check_deadline(now timestamp with time zone, not_after timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION dispatch.check_deadline(now timestamp with time zone, not_after timestamp with time zone) TO dispatch_listener;
 
 
 --

@@ -76,6 +76,7 @@ GRANT EXECUTE ON FUNCTION
 TO dispatch_listener, dispatch_reader, dispatch_admin;
 
 GRANT EXECUTE ON FUNCTION
+    dispatch.check_deadline(timestamptz, timestamptz),
     dispatch.tick(timestamptz),
     dispatch.tick_chunk(integer),
     dispatch.claim_runs(text, integer, interval, interval),

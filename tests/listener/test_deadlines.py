@@ -158,14 +158,18 @@ async def test_no_call_holds_its_transaction_open_waiting_on_the_listener(
     assert "idle in transaction" not in seen, seen
 
 
+@pytest.mark.parametrize("checks", [True, False], ids=["check_deadline", "an install without it"])
 async def test_a_claim_that_reaches_the_server_after_its_deadline_is_refused(
-    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, proxies: list[Proxy],
+    db: psycopg.Connection, adb: psycopg.AsyncConnection[Any], dsn: str, proxies: list[Proxy], checks: bool,
 ) -> None:
     """A statement_timeout counts from the statement's arrival: a claim held up on its way (the
     path stalls, the listener gives up, the path comes back and delivers it) would run in full
     and commit, leasing runs to a listener that never heard of them (invoked only when the lease
     runs out, an attempt burnt). The server refuses a call that arrives after the deadline the
-    listener gave it, on the database's clock."""
+    listener gave it, on the database's clock: with dispatch.check_deadline, or with a DO block
+    on an install from before that function."""
+    if not checks:
+        db.execute("DROP FUNCTION dispatch.check_deadline(timestamptz, timestamptz)")
     (pool_proxy, _) = proxies
     database = Database(pool_proxy.url(dsn), application_name="pgdispatch late", worker_id="late",
                         pool_size=1, call_timeout_s=1.0)
@@ -274,14 +278,15 @@ async def test_a_completion_of_one_run_reads_as_the_batches_do_to_pg_stat_statem
     assert sent is not None and "dispatch.complete_runs(" in sent[0] and "CALL" not in sent[0], sent
 
 
-def test_what_precedes_each_call_reads_the_same_to_pg_stat_statements() -> None:
+@pytest.mark.parametrize("checks", [True, False], ids=["check_deadline", "an install without it"])
+def test_what_precedes_each_call_reads_the_same_to_pg_stat_statements(checks: bool) -> None:
     """pg_stat_statements folds a SELECT's constants into one entry, but keeps one for each text of
     a SET or a DO: the settings before a call, whatever its bound and deadline, must not leave a
     new entry in a DBA's view at every call."""
-    messages = [_preamble(4.749, datetime(2026, 12, 5, 6, 0, 0, 123000, UTC)),
-                _preamble(0.25, datetime(2027, 1, 1, tzinfo=UTC)), _preamble(29.5, None)]
+    messages = [_preamble(4.749, datetime(2026, 12, 5, 6, 0, 0, 123000, UTC), checks=checks),
+                _preamble(0.25, datetime(2027, 1, 1, tzinfo=UTC), checks=checks), _preamble(29.5, None)]
     do_blocks = {tuple(re.findall(r"DO \$\$.*?\$\$", m)) for m in messages[:2]}
     sets = {tuple(re.findall(r"\bSET\b[^;]*", m)) for m in messages}
-    assert len(do_blocks) == 1 and len(next(iter(do_blocks))) == 1
+    assert do_blocks == {()} if checks else len(do_blocks) == 1 and len(next(iter(do_blocks))) == 1
     assert sets == {("SET TRANSACTION ISOLATION LEVEL READ COMMITTED",)}
     assert "4749ms" in messages[0] and "2026-12-05T06:00:00.123000+00:00" in messages[0]
