@@ -602,8 +602,8 @@ def test_ctrl_c_right_after_start(db: psycopg.Connection, dsn: str, after_s: flo
     extension module's initialisation); the wait itself is held to a second below."""
     waiting = _wait_for_a_run(dsn, _schedule(db), sigint=signal.SIG_DFL)
     time.sleep(after_s)
-    code, _ = _interrupted(waiting, within_s=5.0)
-    assert code in (130, -signal.SIGINT)
+    code, err = _interrupted(waiting, within_s=5.0)
+    assert code in (130, -signal.SIGINT), err
 
 
 @pytest.mark.parametrize("sigint", [signal.SIG_DFL, signal.SIG_IGN], ids=["default", "ignored by its parent"])
