@@ -27,6 +27,6 @@ def test_the_quick_soak_samples_and_checks() -> None:
     rows = result["rows"]
     assert len(rows) >= 4
     assert sum(row["runs"] for row in rows) > 0, rows
-    assert all(row["lost"] == 0 for row in rows)
+    assert all(row["lost_unexplained"] == 0 for row in rows)
     assert any("kill -9" in what for _, what in result["events"]), result["events"]
     assert all({"runs", "audit_log", "schedules"} <= row["sizes_mb"].keys() for row in rows)
