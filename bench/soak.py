@@ -396,7 +396,7 @@ class Soak:
             # A run whose last attempt (max_attempts) was out with a listener killed -9 ends lost, as
             # the contract says: the attempt may have reached the function. Any other is a failure.
             lost = sum(row["lost"] for row in self.rows)
-            unexplained = sum(row.get("lost_unexplained", row["lost"]) for row in self.rows)
+            unexplained = sum(row["lost_unexplained"] for row in self.rows)
             if unexplained:
                 self.failures.append(f"{unexplained} runs lost otherwise than with a killed listener")
             stuck = db.execute(
