@@ -180,13 +180,14 @@ BEGIN
     _explain_cap.holder := dispatch._project_holder(_explain_cap.project);
     room := CASE WHEN _explain_cap.holder IS NULL
                  THEN greatest(_explain_cap.max_concurrency - _explain_cap.running, 0) ELSE 0 END;
-    -- not_before over first, then by slot, each from the project's own queue, past the runs
-    -- another transaction holds (the claim's SKIP LOCKED)
+    -- not_before over first, then by slot, each from the project's own queue (its range, as
+    -- dispatch.claim_runs says it), past the runs another transaction holds (SKIP LOCKED)
     _explain_cap.takes := ARRAY(
         SELECT q.id FROM (
             (SELECT r.id, 1 AS queue, r.not_before AS k FROM dispatch.runs r
-             WHERE r.project_id = _explain_cap.project AND r.status = 'pending'
-               AND r.not_before IS NOT NULL AND r.not_before <= now()
+             WHERE (r.project_id, r.not_before)
+                   BETWEEN (_explain_cap.project, '-infinity') AND (_explain_cap.project, now())
+               AND r.status = 'pending' AND r.not_before IS NOT NULL
                AND dispatch._row_holder(r.xmax, 'dispatch.runs') IS NULL
              ORDER BY r.project_id, r.not_before, r.id LIMIT room)
             UNION ALL
