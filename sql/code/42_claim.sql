@@ -476,11 +476,10 @@ BEGIN
 
             -- Each run is locked, then judged with its schedule in the same statement (a
             -- schedule's row is read for the runs this claim holds, not for those it skipped).
-            -- A project's waiting runs are its range of runs_project_not_before_idx, said as
-            -- row comparisons that only that index can take: with the project as an equality,
-            -- runs_not_before_idx gives the same order, and a plan that took it on statistics
-            -- saying that nothing waits (ties with long project ids, or a bloated index) read
-            -- every waiting run of the projects before each (437,000 entries for a claim of 64).
+            -- A project's waiting runs are its range of runs_project_not_before_idx, bounded by
+            -- row comparisons that no other index can take: given the project as an equality,
+            -- runs_not_before_idx offers the same order, and a plan that took it read the
+            -- waiting runs of every project before.
             SELECT array_agg((x.r).id), array_agg(x.tid), array_agg(u.n::integer), array_agg(dispatch._claim_verdict(x.r, s))
             INTO first_ids, first_tids, first_of, first_verdicts
             FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
