@@ -5806,14 +5806,28 @@ COMMENT ON FUNCTION dispatch.finish_event_deliveries(worker text, delivery_ids b
 --
 
 CREATE FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamp with time zone, jitter interval) RETURNS interval
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    SET search_path TO 'pg_catalog', 'pg_temp'
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
-    SELECT CASE WHEN w.us > 0
-                THEN mod(mod(hashtextextended(schedule_id::text || ' ' || extract(epoch FROM slot)::text, 0), w.us)
-                         + w.us, w.us) * interval '1 microsecond'
-                ELSE interval '0' END
-    FROM (SELECT (extract(epoch FROM jitter) * 1000000)::bigint AS us) w
+    SELECT CASE
+        WHEN schedule_id IS NULL OR slot IS NULL OR jitter IS NULL THEN NULL
+        WHEN CAST(pg_catalog.extract('epoch', jitter) OPERATOR(pg_catalog.*) 1000000 AS bigint) OPERATOR(pg_catalog.<=) 0
+        THEN CAST('0' AS pg_catalog.interval)
+        ELSE pg_catalog.mod(
+                 pg_catalog.mod(
+                     pg_catalog.hashtextextended(
+                         CAST(schedule_id AS text) OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||)
+                         CASE WHEN pg_catalog.isfinite(slot)
+                              THEN CAST(pg_catalog.extract('epoch', slot OPERATOR(pg_catalog.-)
+                                                           CAST('1970-01-01 00:00:00+00' AS pg_catalog.timestamptz)) AS text)
+                              WHEN slot OPERATOR(pg_catalog.>) CAST('1970-01-01 00:00:00+00' AS pg_catalog.timestamptz)
+                              THEN 'Infinity'
+                              ELSE '-Infinity' END,
+                         0),
+                     CAST(pg_catalog.extract('epoch', jitter) OPERATOR(pg_catalog.*) 1000000 AS bigint))
+                 OPERATOR(pg_catalog.+) CAST(pg_catalog.extract('epoch', jitter) OPERATOR(pg_catalog.*) 1000000 AS bigint),
+                 CAST(pg_catalog.extract('epoch', jitter) OPERATOR(pg_catalog.*) 1000000 AS bigint))
+             OPERATOR(pg_catalog.*) CAST('1 microsecond' AS pg_catalog.interval)
+    END
 $$;
 
 

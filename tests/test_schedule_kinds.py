@@ -174,6 +174,38 @@ def test_jitter_offsets_are_fixed_bounded_and_spread(db: psycopg.Connection) -> 
     assert sum(later[sid] == fire[sid] - slot for sid in fire) < 100
 
 
+def test_jitter_offsets_keep_their_formula_and_are_inlined(db: psycopg.Connection) -> None:
+    """The offsets of runs marked before an upgrade and after it are one sequence: the function
+    still computes the hash of (schedule id, the slot's epoch) it always did, for any slot, zone
+    of the session and jitter, NULL for a NULL input; and it is one expression in the plan, not a
+    call per row."""
+    db.execute("SET TIME ZONE 'America/St_Johns'")
+    cases = db.execute("""
+        SELECT count(*), count(*) FILTER (WHERE dispatch.jitter_offset(id, slot, jitter) IS DISTINCT FROM
+            CASE WHEN id IS NULL OR slot IS NULL OR jitter IS NULL THEN NULL
+                 WHEN (extract(epoch FROM jitter) * 1000000)::bigint <= 0 THEN interval '0'
+                 ELSE mod(mod(hashtextextended(id::text || ' ' || extract(epoch FROM slot)::text, 0),
+                              (extract(epoch FROM jitter) * 1000000)::bigint)
+                          + (extract(epoch FROM jitter) * 1000000)::bigint,
+                          (extract(epoch FROM jitter) * 1000000)::bigint) * interval '1 microsecond' END)
+        FROM (SELECT gen_random_uuid() AS id,
+                     timestamptz '2020-01-01' + random() * interval '3000 days' AS slot,
+                     (ARRAY[interval '45 seconds', interval '1.5 seconds', interval '1 day', interval '0',
+                            interval '0.000001 seconds'])[1 + i % 5] AS jitter
+              FROM generate_series(1, 20000) i
+              UNION ALL
+              SELECT gen_random_uuid(), s, j
+              FROM unnest(ARRAY[timestamptz 'infinity', '-infinity', '1900-01-01 00:00:00.5+00', NULL]) s,
+                   unnest(ARRAY[interval '30 seconds', interval '0', NULL]) j
+              UNION ALL
+              SELECT NULL, now(), interval '10 seconds') c (id, slot, jitter)""").fetchone()
+    assert cases is not None and cases[0] == 20_013 and cases[1] == 0
+    plan = "\n".join(row[0] for row in db.execute(
+        "EXPLAIN (VERBOSE, COSTS OFF)"
+        " SELECT dispatch.jitter_offset(id, next_run_at, jitter) FROM dispatch.schedules"))
+    assert "jitter_offset" not in plan and "hashtextextended" in plan, plan
+
+
 def test_a_jittered_run_waits_for_its_instant(db: psycopg.Connection) -> None:
     db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, jitter)"
                " VALUES ('p', 'fn', '0 0 1 1 *', '1 hour')")

@@ -622,16 +622,34 @@ $$;
 -- Jitter: where in [0, jitter) a slot fires, from a hash of the schedule and the slot. The same
 -- for every tick, listener and restart, different from slot to slot and from schedule to schedule
 -- (hashtextextended is stable across platforms and releases: hash partitioning depends on it).
+-- One expression with no SET clause and every operator qualified, so that the planner inlines it
+-- into the marking's statement: called once a run, it took a quarter of a jittered stampede's
+-- marking. The slot's epoch is taken through an interval because extract() from a timestamptz
+-- is STABLE, which keeps an IMMUTABLE function from being inlined; its text is the same.
 CREATE OR REPLACE FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamptz, jitter interval)
 RETURNS interval
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
-    SELECT CASE WHEN w.us > 0
-                THEN mod(mod(hashtextextended(schedule_id::text || ' ' || extract(epoch FROM slot)::text, 0), w.us)
-                         + w.us, w.us) * interval '1 microsecond'
-                ELSE interval '0' END
-    FROM (SELECT (extract(epoch FROM jitter) * 1000000)::bigint AS us) w
+    SELECT CASE
+        WHEN schedule_id IS NULL OR slot IS NULL OR jitter IS NULL THEN NULL
+        WHEN CAST(pg_catalog.extract('epoch', jitter) OPERATOR(pg_catalog.*) 1000000 AS bigint) OPERATOR(pg_catalog.<=) 0
+        THEN CAST('0' AS pg_catalog.interval)
+        ELSE pg_catalog.mod(
+                 pg_catalog.mod(
+                     pg_catalog.hashtextextended(
+                         CAST(schedule_id AS text) OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||)
+                         CASE WHEN pg_catalog.isfinite(slot)
+                              THEN CAST(pg_catalog.extract('epoch', slot OPERATOR(pg_catalog.-)
+                                                           CAST('1970-01-01 00:00:00+00' AS pg_catalog.timestamptz)) AS text)
+                              WHEN slot OPERATOR(pg_catalog.>) CAST('1970-01-01 00:00:00+00' AS pg_catalog.timestamptz)
+                              THEN 'Infinity'
+                              ELSE '-Infinity' END,
+                         0),
+                     CAST(pg_catalog.extract('epoch', jitter) OPERATOR(pg_catalog.*) 1000000 AS bigint))
+                 OPERATOR(pg_catalog.+) CAST(pg_catalog.extract('epoch', jitter) OPERATOR(pg_catalog.*) 1000000 AS bigint),
+                 CAST(pg_catalog.extract('epoch', jitter) OPERATOR(pg_catalog.*) 1000000 AS bigint))
+             OPERATOR(pg_catalog.*) CAST('1 microsecond' AS pg_catalog.interval)
+    END
 $$;
 COMMENT ON FUNCTION dispatch.jitter_offset(uuid, timestamptz, interval) IS
     'How long after its slot a schedule with this jitter fires: an offset in [0, jitter) fixed by a hash of the schedule id and the slot, so that schedules sharing a slot spread out, the same way on every tick. 0 when jitter is 0.';
