@@ -483,6 +483,28 @@ def test_a_run_committed_while_a_tick_runs_is_seen_before_it_marks(
     assert len(open_runs(db, t)) == 1, open_runs(db, t)
 
 
+def test_a_run_put_on_a_slot_by_hand_while_a_tick_marks_it_is_no_error(
+    db: psycopg.Connection, connect: Connect, system: System, background: Callable[..., Future[Any]],
+    barrier: Barrier,
+) -> None:
+    """Tick B has seen T's slot free and is stopped inserting X's run; the schema's owner inserts
+    a run on T's slot in psql (no lock on T needed) and commits. B's insert of T's run meets it:
+    the tick still ends without an error, with X marked and T's slot holding the one run."""
+    x = add_schedule(db)
+    t = add_schedule(db)
+    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now())"
+               " - CASE WHEN id = %s THEN interval '2 minutes' ELSE interval '0' END", (x,))
+    barrier.hold_runs_of(x)
+    b, owner = system(), connect()
+    ticking = background(scalar, b, "SELECT dispatch.tick()")
+    wait_until_blocked(db, b)  # B is inserting X's run, T's slot seen free
+    owner.execute("INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for)"
+                  " SELECT id, project_id, next_run_at FROM dispatch.schedules WHERE id = %s", (t,))
+    barrier.release()
+    assert ticking.result(timeout=10) == 1  # X's run; T's is the one put there by hand
+    assert len(open_runs(db, x)) == 1 and len(open_runs(db, t)) == 1, (open_runs(db, x), open_runs(db, t))
+
+
 # -- 6. An expression that cannot be evaluated is never invoked (invariant 6) -------------------
 
 

@@ -587,7 +587,9 @@ BEGIN
             INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, not_before)
             SELECT f.id, f.project_id, f.scheduled_for, f.fire_at, CASE WHEN f.fire_at > horizon THEN f.fire_at END
             FROM fire f
-            ON CONFLICT DO NOTHING  -- cannot happen given the above; never an error if it did
+            -- No ON CONFLICT: the slot was seen free under the schedule's lock, and its check of
+            -- both unique indexes before each insert was a tenth of the marking. A run put on the
+            -- slot by hand meanwhile fails the statement into the one-by-one path below.
             RETURNING 1
         ), coalesced AS (
             -- skip and buffer_one stay on the slot they run until it finishes (a data-modifying
@@ -651,9 +653,9 @@ BEGIN
           END IF;
       END IF;
     EXCEPTION WHEN OTHERS THEN
-        -- A slot that cannot be computed (a zone gone from the tz database) fails the statement
-        -- for every schedule in it: each due schedule then goes on its own, and only that one
-        -- backs off.
+        -- A slot that cannot be computed (a zone gone from the tz database), or a run put on a
+        -- slot by hand while the statement ran, fails it for every schedule in it: each due
+        -- schedule then goes on its own, and only that one backs off.
         -- A chunk (max_runs) leaves them to the unlimited tick that follows it.
         marked := 0;
         taken := 0;
