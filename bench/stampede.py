@@ -4,7 +4,8 @@
                                        [--projects 1000] [--rounds 1]
 
 Every schedule is due at the same instant. First the marking alone: dispatch.tick() at that
-instant, called by this process with no listener running, timed and rolled back. Then, for each
+instant, called by this process with no listener running, timed and rolled back; then the same
+with every schedule jittered over 45 minutes. Then, for each
 --listeners count, real `pgdispatch listen` processes whose timers tick at the instant, against
 one nginx sink (bench/sink.py): when the first, the median and the last request arrived after
 the instant, the listeners' peak RSS, and whether any lease expired (a run claimed twice).
@@ -70,9 +71,12 @@ def peak_rss_mb(pid: int) -> float:
     return memory_kb(pid).get("VmHWM", 0) / 1024
 
 
-def marking_s(db: psycopg.Connection, schedules: int) -> float:
-    """How long dispatch.tick() takes to mark `schedules` due at one instant (rolled back)."""
+def marking_s(db: psycopg.Connection, schedules: int, jitter: str | None = None) -> float:
+    """How long dispatch.tick() takes to mark `schedules` due at one instant (rolled back), each
+    with `jitter` if given (its runs then wait for their instants, not_before)."""
     with db.transaction(force_rollback=True):
+        if jitter is not None:
+            db.execute("UPDATE dispatch.schedules SET jitter = %s::interval", (jitter,))
         instant = db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('second', now())"
                              " + interval '1 hour' RETURNING next_run_at").fetchone()
         assert instant is not None
@@ -82,6 +86,10 @@ def marking_s(db: psycopg.Connection, schedules: int) -> float:
     assert marked == (schedules,), marked
     return took
 
+
+# The marking alone again with every schedule jittered (docs/schedules.md, "Interval schedules
+# and jitter"): each run's fire instant is then computed as it is marked.
+MARKING_JITTER = "45 minutes"
 
 # as SQL (a list, not one quoted name)
 STATEMENTS_SETTINGS = {"shared_preload_libraries": "pg_cron, pg_stat_statements",
@@ -144,8 +152,10 @@ def measure(*, schedules: int, listener_counts: list[int], concurrency: int, dat
                        params)
             db.execute("VACUUM ANALYZE dispatch.schedules")
             results["stampede_mark_s"] = marking_s(db, schedules)
+            results["stampede_mark_jitter_s"] = marking_s(db, schedules, MARKING_JITTER)
             print(f"  marking alone: dispatch.tick() marks {schedules:,} in "
-                  f"{results['stampede_mark_s']:.2f} s")
+                  f"{results['stampede_mark_s']:.2f} s; each with a jitter of {MARKING_JITTER}: "
+                  f"{results['stampede_mark_jitter_s']:.2f} s")
             if statements:
                 db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             for count, round_no in [(c, r) for c in listener_counts for r in range(1, rounds + 1)]:
