@@ -5,10 +5,10 @@
 
 Every schedule is due at the same instant. First the marking alone: dispatch.tick() at that
 instant, called by this process with no listener running, timed and rolled back; then the same
-with every schedule jittered over 45 minutes. Then, for each
---listeners count, real `pgdispatch listen` processes whose timers tick at the instant, against
-one nginx sink (bench/sink.py): when the first, the median and the last request arrived after
-the instant, the listeners' peak RSS, and whether any lease expired (a run claimed twice).
+with every schedule jittered over 45 minutes. Then, for each --listeners count, real
+`pgdispatch listen` processes whose timers tick at the instant, against one nginx sink
+(bench/sink.py): when the first, the median and the last request arrived after the instant, the
+listeners' peak RSS, and whether any lease expired (a run claimed twice).
 
 --projects N spreads the schedules over N tenants of skewed sizes, a few large and many with
 one or two schedules (bench.common.TENANTS; 'p1'.., none of them in dispatch.projects; 1: the

@@ -2526,8 +2526,8 @@ BEGIN
             INSERT INTO dispatch.runs (schedule_id, project_id, scheduled_for, fire_at, not_before)
             SELECT f.id, f.project_id, f.scheduled_for, f.fire_at, CASE WHEN f.fire_at > horizon THEN f.fire_at END
             FROM fire f
-            -- No ON CONFLICT: the slot was seen free under the schedule's lock, and its check of
-            -- both unique indexes before each insert was a tenth of the marking. A run put on the
+            -- No ON CONFLICT: each slot was seen free under its schedule's lock, and an arbiter
+            -- would check both unique indexes before every insert for nothing. A run put on a
             -- slot by hand meanwhile fails the statement into the one-by-one path below.
             RETURNING 1
         ), coalesced AS (

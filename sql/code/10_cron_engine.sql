@@ -622,10 +622,10 @@ $$;
 -- Jitter: where in [0, jitter) a slot fires, from a hash of the schedule and the slot. The same
 -- for every tick, listener and restart, different from slot to slot and from schedule to schedule
 -- (hashtextextended is stable across platforms and releases: hash partitioning depends on it).
--- One expression with no SET clause and every operator qualified, so that the planner inlines it
--- into the marking's statement: called once a run, it took a quarter of a jittered stampede's
--- marking. The slot's epoch is taken through an interval because extract() from a timestamptz
--- is STABLE, which keeps an IMMUTABLE function from being inlined; its text is the same.
+-- One expression, with no SET clause and every operator qualified, so that the planner inlines
+-- it into the marking's statement instead of calling it once a run. The slot's epoch is read
+-- through an interval: extract() from a timestamptz is STABLE, which would keep an IMMUTABLE
+-- function from being inlined (the text is the same).
 CREATE OR REPLACE FUNCTION dispatch.jitter_offset(schedule_id uuid, slot timestamptz, jitter interval)
 RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
