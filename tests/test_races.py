@@ -455,6 +455,17 @@ def barrier(db: psycopg.Connection) -> Iterator[Barrier]:
     b.holder.close()
 
 
+def x_held_before_t(db: psycopg.Connection, barrier: Barrier) -> tuple[str, str]:
+    """Two due schedules, X's slot two minutes before T's so that a tick marks X first, and the
+    insert of X's run held at the barrier: a tick stops there with T seen but not yet marked."""
+    x = add_schedule(db)
+    t = add_schedule(db)
+    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now())"
+               " - CASE WHEN id = %s THEN interval '2 minutes' ELSE interval '0' END", (x,))
+    barrier.hold_runs_of(x)
+    return x, t
+
+
 def test_a_run_committed_while_a_tick_runs_is_seen_before_it_marks(
     db: psycopg.Connection, connect: Connect, system: System, background: Callable[..., Future[Any]],
     barrier: Barrier,
@@ -462,11 +473,7 @@ def test_a_run_committed_while_a_tick_runs_is_seen_before_it_marks(
     """READ COMMITTED: tick B's statement is stopped after its snapshot, marking schedule X,
     before it reaches T; meanwhile run_now(T) commits a manual run. B must not mark T's slot
     beside it (overlap skip): it decides on T under its lock, from what is committed then."""
-    x = add_schedule(db)
-    t = add_schedule(db)
-    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now())"
-               " - CASE WHEN id = %s THEN interval '2 minutes' ELSE interval '0' END", (x,))
-    barrier.hold_runs_of(x)
+    _, t = x_held_before_t(db, barrier)
     b, operator = system(), connect()
     ticking = background(scalar, b, "SELECT dispatch.tick()")
     wait_until_blocked(db, b)  # B is inserting X's run
@@ -490,11 +497,7 @@ def test_a_run_put_on_a_slot_by_hand_while_a_tick_marks_it_is_no_error(
     """Tick B has seen T's slot free and is stopped inserting X's run; the schema's owner inserts
     a run on T's slot in psql (no lock on T needed) and commits. B's insert of T's run meets it:
     the tick still ends without an error, with X marked and T's slot holding the one run."""
-    x = add_schedule(db)
-    t = add_schedule(db)
-    db.execute("UPDATE dispatch.schedules SET next_run_at = date_trunc('minute', now())"
-               " - CASE WHEN id = %s THEN interval '2 minutes' ELSE interval '0' END", (x,))
-    barrier.hold_runs_of(x)
+    x, t = x_held_before_t(db, barrier)
     b, owner = system(), connect()
     ticking = background(scalar, b, "SELECT dispatch.tick()")
     wait_until_blocked(db, b)  # B is inserting X's run, T's slot seen free
