@@ -30,7 +30,9 @@ max_exec_time over the minute: a prune or autovacuum that stalled the hot path s
 
 --faults adds, every 5 minutes, a listener killed with SIGKILL and a new one started 5 s later;
 PostgreSQL restarted once `-m fast` (a third of the way) and once `-m immediate` (two thirds),
-followed by the vacuums docs/configuration.md asks for after a crash (--no-vacuum-after-crash: none);
+each 40 s into a minute that is not a multiple of five (away from the prunes and the five-minute
+schedules' bursts, after most of the minute's own), the second followed by the vacuums
+docs/configuration.md asks for after a crash (--no-vacuum-after-crash: none);
 and one schedule in a hundred calls the function `flapping`, which the sink fails for 60 s of
 every 4 minutes (its breakers open and close; its runs end error after their retries).
 
@@ -56,6 +58,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import signal
 import statistics
 import subprocess
@@ -364,8 +367,9 @@ class Soak:
                           for k in range(1, int(self.minutes * 60 / every) + 1)
                           if k * every + 20 < self.minutes * 60]
             if self.minutes >= 6:
-                faults_at += [(t0 + self.minutes * 20 + 40, lambda: self.restart_postgres("fast")),
-                              (t0 + self.minutes * 40 + 40, lambda: self.restart_postgres("immediate"))]
+                fast, immediate = (_quiet_second(t0 + self.minutes * 20 * k) for k in (1, 2))
+                faults_at += [(fast, lambda: self.restart_postgres("fast")),
+                              (immediate, lambda: self.restart_postgres("immediate"))]
             faults_at.sort(key=lambda item: item[0])
         print(f"soak: {self.schedules:,} schedules over {self.projects:,} tenants, retention "
               f"{self.retention}, {self.minutes:g} min, sampled every {self.sample_s:g} s"
@@ -561,6 +565,16 @@ def plot(rows: list[dict[str, Any]], events: list[tuple[float, str]], t0: float,
         ax.set_xlabel("minutes")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
+
+
+def _quiet_second(after: float) -> float:
+    """The 40th second of the first minute from `after` that is not a multiple of five: the
+    prunes (every ten minutes) and the five-minute schedules' bursts start on those, and most of
+    the minute's own burst has drained by then. A fixed phase keeps hours with faults comparable."""
+    minute = math.ceil(after / 60)
+    while minute % 5 == 0:
+        minute += 1
+    return minute * 60 + 40.0
 
 
 def _pct(cpu_s: float | None, rows: list[dict[str, Any]]) -> float | None:
