@@ -6,8 +6,8 @@ all day?
                                    [--statements]
 
 A durable cluster with PostgreSQL's defaults (autovacuum on), pg_cron ticking `dispatch.tick()`
-every minute and `CALL dispatch.prune()` every 10 minutes as the install registers them, two
-listeners and the chaos suite's sink. The schedules are spread over `--projects` tenants of
+every minute and `CALL dispatch.prune()` every 10 minutes (at 7 past) as the install registers
+them, two listeners and the chaos suite's sink. The schedules are spread over `--projects` tenants of
 skewed sizes (bench.common.TENANTS), in a steady mix:
 
     40 %  * * * * *                        at the minute
@@ -29,9 +29,9 @@ all its processes), and the longest claim_runs, complete_runs and tick call (pg_
 max_exec_time over the minute: a prune or autovacuum that stalled the hot path shows there).
 
 --faults adds, every 5 minutes, a listener killed with SIGKILL and a new one started 5 s later;
-PostgreSQL restarted once `-m fast` (a third of the way) and once `-m immediate` (two thirds),
-each 40 s into a minute that is not a multiple of five (away from the prunes and the five-minute
-schedules' bursts, after most of the minute's own), the second followed by the vacuums
+PostgreSQL restarted once `-m fast` (after a third of the run) and once `-m immediate` (after two
+thirds), each 40 s into a minute ending in 3 (away from the prunes and the five-minute schedules'
+bursts, after most of the minute's own), the second followed by the vacuums
 docs/configuration.md asks for after a crash (--no-vacuum-after-crash: none);
 and one schedule in a hundred calls the function `flapping`, which the sink fails for 60 s of
 every 4 minutes (its breakers open and close; its runs end error after their retries).
@@ -568,13 +568,11 @@ def plot(rows: list[dict[str, Any]], events: list[tuple[float, str]], t0: float,
 
 
 def _quiet_second(after: float) -> float:
-    """The 40th second of the first minute from `after` that is not a multiple of five: the
-    prunes (every ten minutes) and the five-minute schedules' bursts start on those, and most of
-    the minute's own burst has drained by then. A fixed phase keeps hours with faults comparable."""
+    """The 40th second of the first minute from `after` whose number ends in 3: away from the
+    prunes (at 7 past every ten minutes) and the five-minute schedules' bursts, after most of the
+    minute's own burst. A fixed phase keeps hours with faults comparable."""
     minute = math.ceil(after / 60)
-    while minute % 5 == 0:
-        minute += 1
-    return minute * 60 + 40.0
+    return (minute + (3 - minute) % 10) * 60 + 40.0
 
 
 def _pct(cpu_s: float | None, rows: list[dict[str, Any]]) -> float | None:

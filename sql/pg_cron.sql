@@ -28,7 +28,7 @@ WHERE j.elsewhere IS NOT NULL
 \gexec
 
 SELECT cron.schedule_in_database('dispatch-tick', '* * * * *', 'SELECT dispatch.tick()', :'dispatch_db') AS tick_job,
-       cron.schedule_in_database('dispatch-prune', '*/10 * * * *', 'CALL dispatch.prune()', :'dispatch_db') AS prune_job
+       cron.schedule_in_database('dispatch-prune', '7,17,27,37,47,57 * * * *', 'CALL dispatch.prune()', :'dispatch_db') AS prune_job
 \gset
 -- A job keeps the host it was scheduled with (cron.schedule_in_database does not update it):
 -- after a fix of cron.host, running this again moves the jobs to it.

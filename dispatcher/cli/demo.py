@@ -43,7 +43,7 @@ DEMO_PROJECT = "demo"
 # The pg_cron jobs as sql/pg_cron.sql registers them: (name, schedule, command).
 CRON_JOBS = (
     ("dispatch-tick", "* * * * *", "SELECT dispatch.tick()"),
-    ("dispatch-prune", "*/10 * * * *", "CALL dispatch.prune()"),
+    ("dispatch-prune", "7,17,27,37,47,57 * * * *", "CALL dispatch.prune()"),
 )
 # Back-offs short enough to watch the retries of always-fails (docs/policies.md): the one before
 # attempt k + 1 is random, up to min(RETRY_BACKOFF_S * 2^(k-1), RETRY_BACKOFF_MAX_S) (full jitter).

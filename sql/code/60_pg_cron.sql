@@ -133,7 +133,7 @@ BEGIN
     ELSIF cron_here THEN
         -- cron.schedule updates a job of the same name, so this is idempotent.
         EXECUTE $sql$SELECT cron.schedule('dispatch-tick', '* * * * *', 'SELECT dispatch.tick()')$sql$;
-        EXECUTE $sql$SELECT cron.schedule('dispatch-prune', '*/10 * * * *', 'CALL dispatch.prune()')$sql$;
+        EXECUTE $sql$SELECT cron.schedule('dispatch-prune', '7,17,27,37,47,57 * * * *', 'CALL dispatch.prune()')$sql$;
         msg := format('pg_cron jobs dispatch-tick (SELECT dispatch.tick() every minute) and dispatch-prune '
                       '(CALL dispatch.prune() every 10 minutes) registered in database %s', current_database());
         -- A job keeps the host it was scheduled with; cron.schedule does not update it. After a
