@@ -7,8 +7,8 @@ all day?
 
 A durable cluster with PostgreSQL's defaults (autovacuum on), pg_cron ticking `dispatch.tick()`
 every minute and `CALL dispatch.prune()` every 10 minutes (at 7 past) as the install registers
-them, two listeners and the chaos suite's sink. The schedules are spread over `--projects` tenants of
-skewed sizes (bench.common.TENANTS), in a steady mix:
+them, two listeners and the chaos suite's sink. The schedules are spread over `--projects`
+tenants of skewed sizes (bench.common.TENANTS), in a steady mix:
 
     40 %  * * * * *                        at the minute
     40 %  * * * * *                        jitter 45 s (spread over the minute)
