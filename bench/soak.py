@@ -367,7 +367,8 @@ class Soak:
                           for k in range(1, int(self.minutes * 60 / every) + 1)
                           if k * every + 20 < self.minutes * 60]
             if self.minutes >= 6:
-                fast, immediate = (_quiet_second(t0 + self.minutes * 20 * k) for k in (1, 2))
+                fast = _quiet_second(t0 + self.minutes * 20)
+                immediate = _quiet_second(t0 + self.minutes * 40)
                 faults_at += [(fast, lambda: self.restart_postgres("fast")),
                               (immediate, lambda: self.restart_postgres("immediate"))]
             faults_at.sort(key=lambda item: item[0])
