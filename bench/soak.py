@@ -39,8 +39,9 @@ every 4 minutes (its breakers open and close; its runs end error after their ret
 At the end it checks that no run was lost (a run ends `lost` only when its last attempt was out
 with a listener the soak killed: the contract's outcome then), nothing is stuck (pending or
 running well past its instant) and that every slot of every schedule over the last minutes still
-retained is a run or lies in a recorded gap (invariant 8); then the goals (after the first
-retention cycle): table and index sizes within 10 % minute to minute, dead tuples bounded, p99
+retained is a run or lies in a recorded gap (invariant 8); then the goals, after the first
+retention cycle (from the sample after the first prune that began a retention and a prune
+interval after the start): table and index sizes within 10 % minute to minute, dead tuples bounded, p99
 within 2x of the first ten minutes', listener RSS within 10 %, no hot-path call over 1 s. The
 rows go to <dir>/soak.json and, with --plot, a PNG (matplotlib: `pip install -e .[bench]`).
 
@@ -79,6 +80,7 @@ from dispatcher.cli.demo import CRON_JOBS
 DATABASE = "soak"
 PGDISPATCH = Path(sys.executable).parent / "pgdispatch"
 TABLES = ("runs", "audit_log", "schedules")
+PRUNE_EVERY_S = 600  # dispatch-prune's schedule, 7,17,...,57 * * * *
 VACUUM_AFTER_CRASH = "VACUUM (INDEX_CLEANUP ON) dispatch.runs, dispatch.schedules, dispatch.audit_log"
 
 MIX = """
@@ -194,6 +196,7 @@ class Soak:
     failures: list[str] = field(default_factory=list)
     slots_checked: int = 0
     t0: float = 0.0
+    retention_s: float = 0.0
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -218,6 +221,10 @@ class Soak:
                        " DROP CONSTRAINT settings_audit_retention_check")
             db.execute("UPDATE dispatch.settings SET runs_retention = %s, audit_retention = %s",
                        (self.retention, self.retention))
+            retention = db.execute("SELECT extract(epoch FROM runs_retention)::float8"
+                                   " FROM dispatch.settings").fetchone()
+            assert retention is not None
+            self.retention_s = retention[0]
             rows, params = tenants(self.schedules, self.projects)
             db.execute(MIX.format(rows=rows), {**params, "flapping": self.faults})
             db.execute("VACUUM ANALYZE dispatch.schedules")
@@ -447,13 +454,21 @@ class Soak:
               + ("OK" if not self.failures else "FAILED: " + "; ".join(self.failures)), flush=True)
 
 
+def retention_cycle_end(rows: list[dict[str, Any]], t0: float, retention_s: float) -> float:
+    """The minute of the first sample after the first prune that began a retention and a prune
+    interval after the start: from then on each prune deletes a whole interval of history, whose
+    space the next interval's rows reuse. 15 if the run saw no such prune."""
+    full = t0 + retention_s + PRUNE_EVERY_S
+    return next((r["t_min"] for r in rows if any(p["at"] >= full for p in r["prunes"])), 15.0)
+
+
 def goals(rows: list[dict[str, Any]], warm_min: float) -> tuple[list[str], list[str] | None]:
-    """The long-horizon goals over the rows after `warm_min` minutes (the first retention cycle):
-    (what was found, the goals missed; None: too short to judge)."""
+    """The long-horizon goals over the rows from `warm_min` minutes on (the end of the first
+    retention cycle): (what was found, the goals missed; None: too short to judge)."""
     steady = [r for r in rows if r["t_min"] >= warm_min]
     if len(steady) < 2:
         return [], None
-    found, missed = [], []
+    found, missed = [f"judged from minute {warm_min:g}, the end of the first retention cycle"], []
     worst = max(((abs(b["sizes_mb"][k] - a["sizes_mb"][k]) / a["sizes_mb"][k], k)
                  for a, b in itertools.pairwise(steady) for k in b["sizes_mb"]
                  if a["sizes_mb"].get(k, 0) > 1), default=(0.0, "-"))
@@ -639,11 +654,12 @@ def main() -> None:
                 statements=args.statements, vacuum_after_crash=args.vacuum_after_crash)
     soak.run()
     # (--quick is a smoke test of the harness: its figures judge nothing)
-    found, missed = goals(soak.rows, warm_min=15) if not args.quick else ([], None)
+    warm_min = retention_cycle_end(soak.rows, soak.t0, soak.retention_s)
+    found, missed = goals(soak.rows, warm_min) if not args.quick else ([], None)
     print_goals(found, missed)
     (folder / "soak.json").write_text(json.dumps({"rows": soak.rows, "events": soak.events, "t0": soak.t0,
-                                                  "failures": soak.failures, "goals_missed": missed},
-                                                 default=float))
+                                                  "warm_min": warm_min, "failures": soak.failures,
+                                                  "goals_missed": missed}, default=float))
     if not args.quick:
         print(table(soak.rows))
     if args.statements:
@@ -682,7 +698,7 @@ def report(folder: Path, plot_to: Path | None) -> None:
     recorded = json.loads((folder / "soak.json").read_text())
     rows = recorded["rows"]
     print(table(rows))
-    print_goals(*goals(rows, warm_min=15))
+    print_goals(*goals(rows, recorded.get("warm_min", 15.0)))
     if plot_to:
         plot(rows, [tuple(e) for e in recorded["events"]], recorded.get("t0", 0.0), plot_to)
 
