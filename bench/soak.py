@@ -30,12 +30,12 @@ max_exec_time over the minute: a prune or autovacuum that stalled the hot path s
 
 --faults adds, every 5 minutes, a listener killed with SIGKILL and a new one started 5 s later;
 PostgreSQL restarted once `-m fast` (after a third of the run) and once `-m immediate` (after two
-thirds), each 40 s into a minute ending in 3 (away from the prunes and the five-minute schedules'
-bursts, after most of the minute's own), the second followed by the vacuums
-docs/configuration.md asks for after a crash, 15 s into each of the next five minutes
-(--no-vacuum-after-crash: none);
-and one schedule in a hundred calls the function `flapping`, which the sink fails for 60 s of
-every 4 minutes (its breakers open and close; its runs end error after their retries).
+thirds), both after the first retention cycle, each 40 s into a minute ending in 3 (away from the
+prunes and the five-minute schedules' bursts, after most of the minute's own), the second
+followed by the vacuums docs/configuration.md asks for after a crash, 15 s into each of the next
+five minutes (--no-vacuum-after-crash: none); and one schedule in a hundred calls the function
+`flapping`, which the sink fails for 60 s of every 4 minutes (its breakers open and close; its
+runs end error after their retries).
 
 At the end it checks that no run was lost (a run ends `lost` only when its last attempt was out
 with a listener the soak killed: the contract's outcome then), nothing is stuck (pending or
@@ -376,8 +376,10 @@ class Soak:
                           for k in range(1, int(self.minutes * 60 / every) + 1)
                           if k * every + 20 < self.minutes * 60]
             if self.minutes >= 6:
-                fast = _quiet_second(t0 + self.minutes * 20)
-                immediate = _quiet_second(t0 + self.minutes * 40)
+                # both after the first retention cycle, when the goals begin to be judged
+                judged = _first_full_prune(t0, self.retention_s) + 60
+                fast = _quiet_second(max(t0 + self.minutes * 20, judged))
+                immediate = _quiet_second(max(t0 + self.minutes * 40, fast + 60))
                 faults_at += [(fast, lambda: self.restart_postgres("fast")),
                               (immediate, lambda: self.restart_postgres("immediate"))]
             faults_at.sort(key=lambda item: item[0])
@@ -583,6 +585,13 @@ def plot(rows: list[dict[str, Any]], events: list[tuple[float, str]], t0: float,
         ax.set_xlabel("minutes")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
+
+
+def _first_full_prune(t0: float, retention_s: float) -> float:
+    """The instant of the first prune that begins a retention and a prune interval after t0: the
+    next minute past t0 + retention + interval whose number ends in 7."""
+    minute = math.ceil((t0 + retention_s + PRUNE_EVERY_S) / 60)
+    return (minute + (7 - minute) % 10) * 60.0
 
 
 def _quiet_second(after: float) -> float:
