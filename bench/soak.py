@@ -42,9 +42,10 @@ with a listener the soak killed: the contract's outcome then), nothing is stuck 
 running well past its instant) and that every slot of every schedule over the last minutes still
 retained is a run or lies in a recorded gap (invariant 8); then the goals, after the first
 retention cycle (from the sample after the first prune that began a retention and a prune
-interval after the start): table and index sizes within 10 % minute to minute, dead tuples bounded, p99
-within 2x of the first ten minutes', listener RSS within 10 %, no hot-path call over 1 s. The
-rows go to <dir>/soak.json and, with --plot, a PNG (matplotlib: `pip install -e .[bench]`).
+interval after the start): table and index sizes within 10 % minute to minute, dead tuples
+bounded, p99 within 2x of the first ten minutes', listener RSS within 10 %, no hot-path call
+over 1 s. The rows go to <dir>/soak.json and, with --plot, a PNG (matplotlib:
+`pip install -e .[bench]`).
 
 --statements: where the database's time goes. pg_stat_statements also tracks the statements
 that functions run (track = all), each minute's top statements are kept in its row, and the end
