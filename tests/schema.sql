@@ -391,12 +391,11 @@ BEGIN
 
     WITH batch AS (  -- the batch's functions, and whether each failed retryably now
         SELECT s.project_id, s.function_name,
-               bool_or(i.status = 'error' AND coalesce(i.retryable, false)) AS failed
-        FROM unnest(_breaker_outcomes.all_ids, _breaker_outcomes.statuses, _breaker_outcomes.retryable)
-             AS i(id, status, retryable)
-        JOIN dispatch.runs x ON x.id = i.id
+               bool_or(_breaker_outcomes.statuses[x.n] = 'error' AND coalesce(_breaker_outcomes.retryable[x.n], false))
+                   AS failed
+        FROM (SELECT y.schedule_id, array_position(_breaker_outcomes.all_ids, y.id) AS n
+              FROM dispatch.runs y WHERE y.id = ANY (_breaker_outcomes.run_ids)) x
         JOIN dispatch.schedules s ON s.id = x.schedule_id
-        WHERE i.id = ANY (_breaker_outcomes.run_ids)
         GROUP BY s.project_id, s.function_name
     ), wanted AS (
         SELECT b.project_id, b.function_name
@@ -420,12 +419,13 @@ BEGIN
     FOR f IN
         WITH o AS (
             SELECT s.project_id, s.function_name, x.id,
-                   i.status = 'error' AND coalesce(i.retryable, false) AS failed, i.error
-            FROM unnest(_breaker_outcomes.all_ids, _breaker_outcomes.statuses, _breaker_outcomes.retryable,
-                        _breaker_outcomes.errors) AS i(id, status, retryable, error)
-            JOIN dispatch.runs x ON x.id = i.id
+                   _breaker_outcomes.statuses[x.n] = 'error' AND coalesce(_breaker_outcomes.retryable[x.n], false)
+                       AS failed,
+                   _breaker_outcomes.errors[x.n] AS error
+            FROM (SELECT y.id, y.schedule_id, array_position(_breaker_outcomes.all_ids, y.id) AS n
+                  FROM dispatch.runs y
+                  WHERE y.id = ANY (_breaker_outcomes.run_ids) AND y.id <> ALL (coalesce(held, '{}'))) x
             JOIN dispatch.schedules s ON s.id = x.schedule_id
-            WHERE i.id = ANY (_breaker_outcomes.run_ids) AND i.id <> ALL (coalesce(held, '{}'))
         )
         SELECT o.project_id, o.function_name, count(*) FILTER (WHERE o.failed)::integer AS failed,
                bool_or(NOT o.failed) AS answered, array_agg(o.id) AS ids,
@@ -2388,17 +2388,13 @@ DECLARE
     passed_done uuid[];
 BEGIN
     PERFORM dispatch._require_read_committed('dispatch.tick');
-    -- Statistics that say runs is all but empty while it holds tens of thousands: what an
-    -- autovacuum leaves when it ran while a chunk of runs was being inserted (it counts none of
-    -- them). Every plan made then takes runs for a row or two, and the marking's probes of it
-    -- became full scans of an index for each due schedule: one chunk ran for minutes. The
-    -- statistics are mended before the marking is planned, without waiting for a lock that an
-    -- autovacuum or another ANALYZE holds (a later tick tries again). Two signs: the statistics
-    -- system counts twice the rows the planner assumes; or the planner assumes next to none while
-    -- a thousand runs are open, counted here (at most 1,000 entries of runs_open_idx), since in
-    -- the first seconds of a big instant the statistics system does not count yet what the first
-    -- chunk committed (a backend reports it at most once a second), and the next chunk's plan was
-    -- the one that ran into its timeout.
+    -- Statistics that say runs is all but empty while it holds tens of thousands (what an
+    -- autovacuum that ran amid a chunk's insert leaves) make every plan take runs for a row or
+    -- two. They are mended before the marking is planned, without waiting for a lock another
+    -- vacuum or ANALYZE holds (a later tick tries again). Two signs: the statistics system counts
+    -- twice the rows the planner assumes; or the planner assumes next to none while a thousand
+    -- runs are open (counted here: in a big instant's first second the statistics system does not
+    -- count yet what the first chunk committed).
     IF (SELECT (c.reltuples < pg_stat_get_live_tuples(c.oid) / 2 AND pg_stat_get_live_tuples(c.oid) > 10000)
                OR (c.reltuples < 500
                    AND (SELECT count(*) FROM (SELECT FROM dispatch.runs r WHERE r.status IN ('pending', 'running')
@@ -4265,6 +4261,7 @@ CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interva
     SET enable_hashjoin TO 'off'
     SET enable_mergejoin TO 'off'
     SET enable_sort TO 'off'
+    SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -4279,6 +4276,8 @@ DECLARE
     projects text[];
     capped text[];
     held text[];
+    counted text[];
+    running integer[];
     barred text[];
     got integer;
     cursor_to text;
@@ -4381,6 +4380,12 @@ BEGIN
                 SELECT array_agg(l.project_id) INTO held
                 FROM (SELECT p.project_id FROM dispatch.projects p WHERE p.project_id = ANY (capped)
                       ORDER BY p.project_id FOR NO KEY UPDATE SKIP LOCKED) l;
+                -- the running runs of all of them in one pass over runs_running_lease_idx
+                SELECT coalesce(array_agg(c.project_id), '{}'), coalesce(array_agg(c.n), '{}')
+                INTO counted, running
+                FROM (SELECT x.project_id, count(*)::integer AS n FROM dispatch.runs x
+                      WHERE x.status = 'running' AND x.project_id = ANY (held)
+                      GROUP BY x.project_id) c;
                 SELECT array_agg(x.project_id ORDER BY x.n) FILTER (WHERE x.a > 0),
                        array_agg(x.w ORDER BY x.n) FILTER (WHERE x.a > 0),
                        array_agg(x.a ORDER BY x.n) FILTER (WHERE x.a > 0),
@@ -4389,10 +4394,9 @@ BEGIN
                 FROM (SELECT u.project_id, u.n, coalesce(pr.weight, 1) AS w,
                              CASE WHEN pr.max_concurrency IS NULL THEN room
                                   WHEN u.project_id = ANY (held)
-                                  THEN least(room,
-                                             greatest(pr.max_concurrency
-                                                      - (SELECT count(*) FROM dispatch.runs x  -- runs_running_lease_idx
-                                                         WHERE x.status = 'running' AND x.project_id = u.project_id), 0))
+                                  THEN least(room, greatest(pr.max_concurrency
+                                                            - coalesce(running[array_position(counted, u.project_id)], 0),
+                                                            0))
                                   ELSE 0 END AS a
                       FROM unnest(projects) WITH ORDINALITY AS u(project_id, n)
                       LEFT JOIN dispatch.projects pr ON pr.project_id = u.project_id) x;
@@ -4708,9 +4712,9 @@ BEGIN
         -- else is fenced out.
         SELECT array_agg(x.id) INTO held
         FROM dispatch.runs x
-        JOIN unnest(complete_runs.run_ids, complete_runs.attempts) AS i(id, attempt)
-          ON x.id = i.id AND x.attempt = i.attempt
-        WHERE x.status = 'running' AND x.id <> ALL (coalesce(taken, '{}'));
+        WHERE x.id = ANY (complete_runs.run_ids) AND x.id <> ALL (coalesce(taken, '{}'))
+          AND x.status || '' = 'running'  -- by the primary key, as dispatch._take_running
+          AND x.attempt = complete_runs.attempts[array_position(complete_runs.run_ids, x.id)];
         -- The outcome is in the caller's hands and it is coming back with it, so the lease of a
         -- busy run whose own row is free lasts at least busy_lease more. Ticks that hold the
         -- schedule one after another would otherwise let it end between two of them, and the
@@ -4719,10 +4723,10 @@ BEGIN
         IF held IS NOT NULL THEN
             UPDATE dispatch.runs x
             SET lease_until = clock + busy_lease
-            FROM (SELECT y.id FROM dispatch.runs y
+            FROM (SELECT y.ctid AS tid FROM dispatch.runs y
                   WHERE y.id = ANY (held) AND y.lease_until < clock + busy_lease
                   FOR UPDATE SKIP LOCKED) l
-            WHERE x.id = l.id;
+            WHERE x.ctid = l.tid;
         END IF;
     END IF;
 
@@ -4732,21 +4736,21 @@ BEGIN
     -- as it is for a retry that was waiting when the stop committed).
     IF true = ANY (complete_runs.retryable) THEN
         WITH candidate AS (
-            SELECT x.id, x.attempt, i.error, i.http_status, i.duration_ms,
+            SELECT x.id, t.at AS tid, x.attempt, i.error, i.http_status, i.duration_ms,
                    clock + dispatch._retry_delay(s, x.attempt - x.released, i.retry_after_ms) AS at,
                    -- a backfill slot is old by definition: only a scheduled run's retry races
                    -- the next slot
                    CASE WHEN x.kind = 'scheduled'
                         THEN dispatch._next_slot(s.cron_spec, x.scheduled_for, s.timezone) END AS next_slot,
                    dispatch._stopped_as(s) AS stopped
-            FROM dispatch.runs x
-            JOIN dispatch.schedules s ON s.id = x.schedule_id
+            FROM unnest(taken, taken_at) AS t(id, at)
             JOIN unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
                         complete_runs.http_statuses, complete_runs.durations_ms, complete_runs.retryable,
                         complete_runs.retry_after_ms)
-                 AS i(id, status, error, http_status, duration_ms, retryable, retry_after_ms) ON i.id = x.id
-            WHERE x.id = ANY (taken) AND i.status = 'error' AND i.retryable
-              AND x.attempt - x.released < s.max_attempts
+                 AS i(id, status, error, http_status, duration_ms, retryable, retry_after_ms) ON i.id = t.id
+            JOIN dispatch.runs x ON x.ctid = t.at
+            JOIN dispatch.schedules s ON s.id = x.schedule_id
+            WHERE i.status = 'error' AND i.retryable AND x.attempt - x.released < s.max_attempts
         ), retried AS (
             UPDATE dispatch.runs x
             SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL, not_before = c.at,
@@ -4756,7 +4760,7 @@ BEGIN
                     'httpStatus', c.http_status, 'durationMs', c.duration_ms, 'claimedAt', x.claimed_at,
                     'at', clock)
             FROM candidate c
-            WHERE x.id = c.id AND (c.next_slot IS NULL OR c.at < c.next_slot) AND c.stopped IS NULL
+            WHERE x.ctid = c.tid AND (c.next_slot IS NULL OR c.at < c.next_slot) AND c.stopped IS NULL
             RETURNING x.id, x.not_before
         )
         SELECT array_agg(r.id), array_agg(r.not_before),
@@ -4780,11 +4784,14 @@ BEGIN
                               ELSE i.error END, 500),
             http_status = i.http_status,
             duration_ms = i.duration_ms
-        FROM unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
-                    complete_runs.http_statuses, complete_runs.durations_ms)
-             AS i(id, status, error, http_status, duration_ms)
+        FROM (SELECT t.at, o.status, o.error, o.http_status, o.duration_ms
+              FROM unnest(taken, taken_at) AS t(id, at)
+              JOIN unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
+                          complete_runs.http_statuses, complete_runs.durations_ms)
+                   AS o(id, status, error, http_status, duration_ms) ON o.id = t.id
+              WHERE t.id <> ALL (coalesce(retried_ids, '{}'))) i
         -- where the fence found them (a retried run has moved on from there)
-        WHERE x.ctid = ANY (taken_at) AND x.id = i.id AND x.id <> ALL (coalesce(retried_ids, '{}'))
+        WHERE x.ctid = i.at
         RETURNING x
     )
     SELECT array_agg(d.x) INTO finished FROM done d;

@@ -474,6 +474,57 @@ def test_completions_never_scan_runs_whatever_the_statistics_say(db: psycopg.Con
     assert scans == 0
 
 
+@pytest.mark.parametrize("statistics", ["autovacuum mid-chunk", "never analyzed", "analyzed empty", "right"])
+def test_claims_and_completions_over_many_projects_read_what_they_take_whatever_the_statistics_say(
+    db: psycopg.Connection, statistics: str
+) -> None:
+    """Each claim's walk and picks read an entry or a few of runs' indexes per project and per
+    run, and each completion a few per run, over hundreds of projects (some capped, weighted)
+    and with failures to retry, however wrong the statistics of runs are. A plan that scans an
+    index of runs whole reads every run at each call."""
+    db.execute("INSERT INTO dispatch.projects (project_id, weight, max_concurrency)"
+               " SELECT 'p' || lpad(k::text, 3, '0'), 1 + k % 3, CASE WHEN k % 10 = 0 THEN 50 END"
+               " FROM generate_series(0, 199) k")
+    if statistics == "analyzed empty":
+        db.execute("VACUUM ANALYZE dispatch.runs")
+    db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, max_attempts)"
+               " SELECT 'p' || lpad((CASE WHEN g <= 2000 THEN g % 4 ELSE g % 200 END)::text, 3, '0'), 'f',"
+               " '0 0 1 1 *', 3 FROM generate_series(1, 4000) g")
+    make_due(db)
+    assert scalar(db, "SELECT dispatch.tick()") == 4000
+    if statistics == "autovacuum mid-chunk":
+        _statistics_as_the_autovacuum_left_them(db)
+    elif statistics == "never analyzed":
+        db.execute("UPDATE pg_class SET relpages = 0, reltuples = -1 WHERE oid = 'dispatch.runs'::regclass")
+    elif statistics == "right":
+        db.execute("VACUUM ANALYZE dispatch.runs")
+
+    before = _tuples_read(db)
+    taken = 0
+    for _ in range(10):
+        runs = claim(db, "w", 64)
+        assert len(runs) == 64
+        taken += len(runs)
+        failed = [k % 8 == 0 for k in range(64)]  # retryably: back to pending
+        results = db.execute(
+            "SELECT recorded, retry_at IS NOT NULL"
+            " FROM dispatch.complete_runs('w', %s, %s, %s, %s, NULL, NULL, %s)",
+            ([r[0] for r in runs], [r[7] for r in runs], ["error" if f else "ok" for f in failed],
+             ["boom" if f else None for f in failed], failed),
+        ).fetchall()
+        assert results == [(True, f) for f in failed]
+    # 10-15 a run with plans that descend the indexes, hundreds with one that reads one whole
+    assert (_tuples_read(db) - before) / taken < 40
+
+
+def _tuples_read(db: psycopg.Connection) -> int:
+    """Rows read so far from dispatch.runs by sequential scans, and entries from its indexes."""
+    db.execute("SELECT pg_stat_force_next_flush()")
+    return int(scalar(db, "SELECT coalesce(seq_tup_read, 0)"
+                          " + (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes i WHERE i.relid = t.relid)"
+                          " FROM pg_stat_user_tables t WHERE t.relid = 'dispatch.runs'::regclass"))
+
+
 def _scans_of_runs(db: psycopg.Connection) -> int:
     """Sequential scans of dispatch.runs so far."""
     db.execute("SELECT pg_stat_force_next_flush()")

@@ -165,10 +165,10 @@ BEGIN
 END
 $$;
 
--- The runs of both are found by id (a bitmap scan of the primary key) whatever the statistics
--- say, like dispatch._take_running and for the same reason (see dispatch._start_runs). Without
--- JIT: the one-row settings table has nothing but a scan, which enable_seqscan = off prices at
--- 10^10, and a plan that dear was JIT-compiled at each call (250 ms a claim).
+-- Both find their runs by id, a bitmap scan of the primary key whatever the statistics say (as
+-- dispatch._take_running), and each run's outcome by its position in the arrays, not by a join
+-- on id that a plan could answer by reading an index of runs whole. Without JIT: a disabled
+-- scan's cost (the one-row settings table has no other) would have the plan compiled.
 
 -- complete_runs' outcomes, for the breakers of their functions: runs_ids holds the runs taken
 -- (still running with the caller's attempt), the other arrays are complete_runs' own, parallel
@@ -218,12 +218,11 @@ BEGIN
 
     WITH batch AS (  -- the batch's functions, and whether each failed retryably now
         SELECT s.project_id, s.function_name,
-               bool_or(i.status = 'error' AND coalesce(i.retryable, false)) AS failed
-        FROM unnest(_breaker_outcomes.all_ids, _breaker_outcomes.statuses, _breaker_outcomes.retryable)
-             AS i(id, status, retryable)
-        JOIN dispatch.runs x ON x.id = i.id
+               bool_or(_breaker_outcomes.statuses[x.n] = 'error' AND coalesce(_breaker_outcomes.retryable[x.n], false))
+                   AS failed
+        FROM (SELECT y.schedule_id, array_position(_breaker_outcomes.all_ids, y.id) AS n
+              FROM dispatch.runs y WHERE y.id = ANY (_breaker_outcomes.run_ids)) x
         JOIN dispatch.schedules s ON s.id = x.schedule_id
-        WHERE i.id = ANY (_breaker_outcomes.run_ids)
         GROUP BY s.project_id, s.function_name
     ), wanted AS (
         SELECT b.project_id, b.function_name
@@ -247,12 +246,13 @@ BEGIN
     FOR f IN
         WITH o AS (
             SELECT s.project_id, s.function_name, x.id,
-                   i.status = 'error' AND coalesce(i.retryable, false) AS failed, i.error
-            FROM unnest(_breaker_outcomes.all_ids, _breaker_outcomes.statuses, _breaker_outcomes.retryable,
-                        _breaker_outcomes.errors) AS i(id, status, retryable, error)
-            JOIN dispatch.runs x ON x.id = i.id
+                   _breaker_outcomes.statuses[x.n] = 'error' AND coalesce(_breaker_outcomes.retryable[x.n], false)
+                       AS failed,
+                   _breaker_outcomes.errors[x.n] AS error
+            FROM (SELECT y.id, y.schedule_id, array_position(_breaker_outcomes.all_ids, y.id) AS n
+                  FROM dispatch.runs y
+                  WHERE y.id = ANY (_breaker_outcomes.run_ids) AND y.id <> ALL (coalesce(held, '{}'))) x
             JOIN dispatch.schedules s ON s.id = x.schedule_id
-            WHERE i.id = ANY (_breaker_outcomes.run_ids) AND i.id <> ALL (coalesce(held, '{}'))
         )
         SELECT o.project_id, o.function_name, count(*) FILTER (WHERE o.failed)::integer AS failed,
                bool_or(NOT o.failed) AS answered, array_agg(o.id) AS ids,

@@ -416,16 +416,14 @@ CREATE OR REPLACE FUNCTION dispatch._mark_due(horizon timestamptz, max_runs inte
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
--- What is due changes faster than statistics follow (right after a stampede they still say that
--- most schedules are due and most runs open), and with them the planner would scan both tables
--- whole and hash them: 84 ms after a round of 50,000 runs, for one due slot. The marking is an
--- index scan of the due schedules driving index probes of runs, whatever the estimates say.
+-- What is due changes faster than statistics follow (right after a stampede they still say most
+-- schedules are due and most runs open): the marking is an index scan of the due schedules
+-- driving index probes of runs whatever the estimates say, never both tables scanned and hashed.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
--- A statement over many due schedules is estimated above jit_above_cost, and compiling it took
--- longer than running it: 260 of the 500 ms that a tick over 100,000 due schedules with open
--- runs took, each time (the tick after a stampede's chunks, every sweep until they finish).
+-- A statement over many due schedules is estimated above jit_above_cost, and compiling it takes
+-- longer than running it.
 SET jit = off
 AS $$
 DECLARE
@@ -449,17 +447,13 @@ DECLARE
     passed_done uuid[];
 BEGIN
     PERFORM dispatch._require_read_committed('dispatch.tick');
-    -- Statistics that say runs is all but empty while it holds tens of thousands: what an
-    -- autovacuum leaves when it ran while a chunk of runs was being inserted (it counts none of
-    -- them). Every plan made then takes runs for a row or two, and the marking's probes of it
-    -- became full scans of an index for each due schedule: one chunk ran for minutes. The
-    -- statistics are mended before the marking is planned, without waiting for a lock that an
-    -- autovacuum or another ANALYZE holds (a later tick tries again). Two signs: the statistics
-    -- system counts twice the rows the planner assumes; or the planner assumes next to none while
-    -- a thousand runs are open, counted here (at most 1,000 entries of runs_open_idx), since in
-    -- the first seconds of a big instant the statistics system does not count yet what the first
-    -- chunk committed (a backend reports it at most once a second), and the next chunk's plan was
-    -- the one that ran into its timeout.
+    -- Statistics that say runs is all but empty while it holds tens of thousands (what an
+    -- autovacuum that ran amid a chunk's insert leaves) make every plan take runs for a row or
+    -- two. They are mended before the marking is planned, without waiting for a lock another
+    -- vacuum or ANALYZE holds (a later tick tries again). Two signs: the statistics system counts
+    -- twice the rows the planner assumes; or the planner assumes next to none while a thousand
+    -- runs are open (counted here: in a big instant's first second the statistics system does not
+    -- count yet what the first chunk committed).
     IF (SELECT (c.reltuples < pg_stat_get_live_tuples(c.oid) / 2 AND pg_stat_get_live_tuples(c.oid) > 10000)
                OR (c.reltuples < 500
                    AND (SELECT count(*) FROM (SELECT FROM dispatch.runs r WHERE r.status IN ('pending', 'running')

@@ -1,10 +1,8 @@
 -- dispatch.claim_runs: pending -> running, the attempt incremented and returned as the fence.
 
--- Its result ends with kind (scheduled, manual, backfill) and traceparent (the one the run
--- continues, NULL for most: the caller computes the attempt's own, as dispatch.traceparent
--- does), added last so that a caller reading the columns by position is unaffected. A
--- result type cannot be changed in place: an install over an earlier shape drops it first
--- (90_grants.sql grants it again); a re-install finds traceparent there and drops nothing.
+-- Its result ends with kind and traceparent, added last for callers that read by position. A
+-- result type cannot change in place: an install over an earlier shape drops the function first
+-- (90_grants.sql grants it again).
 DO $$
 DECLARE
     fn regprocedure;
@@ -18,14 +16,10 @@ BEGIN
 END
 $$;
 
--- The claimed runs, which the caller's transaction holds, to running. Found where the claim's
--- pick locked them (their ctids: a locked row stays where it is until its holder moves it), with
--- no descent of an index for each, and whatever the statistics say: they lag behind this table,
--- and an autovacuum that ran while a tick's chunk of 64,000 runs was being inserted (not yet
--- visible, so not counted) left it at one row. A plan made then, when the runs were looked up by
--- id, scanned all of runs_slot_key for them, 65 ms a claim, and a stampede of 100,000 took 65 s
--- instead of 15. An install over the earlier version, which took their ids, drops that one.
-DROP FUNCTION IF EXISTS dispatch._start_runs(bigint[], text, interval, interval);
+-- The claimed runs to running, found where the claim's pick locked them (their ctids: a locked
+-- row stays put). Plain index and sequential scans off: whatever the statistics of runs say (an
+-- autovacuum amid a big marking leaves them at one row), no plan can read an index of runs whole.
+DROP FUNCTION IF EXISTS dispatch._start_runs(bigint[], text, interval, interval);  -- the earlier one, by id
 CREATE OR REPLACE FUNCTION dispatch._start_runs(tids tid[], worker text, lease interval,
                                                 default_timeout interval)
 RETURNS TABLE (
@@ -114,11 +108,9 @@ RETURNS text[]
 LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pg_temp
--- Each step is the first entry after a project in a per-project index, whatever the statistics
--- say: taken right after a chunk was marked, they say no run is pending, and a plan made on them
--- sorted every pending run by project at each step (25 ms a step after 42,000 were marked).
+-- Each step descends a per-project index, never sorts the pending runs, whatever the statistics say.
 SET enable_sort = off
--- (what a disabled sort adds to a plan's cost would otherwise have it compiled: 0.3 s a claim)
+-- (a disabled path's cost would otherwise have the plan JIT-compiled)
 SET jit = off
 AS $$
 BEGIN
@@ -272,19 +264,17 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
--- Each picked run's schedule is found through schedules_pkey (a nested loop), whatever the
--- statistics say about runs (see dispatch._start_runs).
+-- Whatever the statistics of runs say (tests/test_runs.py): each picked run's schedule through
+-- schedules_pkey, each project's queue from its own index, never a join or sort over all runs;
 SET enable_hashjoin = off
 SET enable_mergejoin = off
--- Each project's queue is read from its per-project index (ordered by project first, which no
--- other index gives without a sort), whatever the statistics say.
 SET enable_sort = off
--- (what a disabled sort adds to a plan's cost would otherwise have it compiled: 0.3 s a claim)
+-- the running runs of capped projects counted by a plain index scan, which marks the entries of
+-- finished runs dead as it passes them (a bitmap scan reads them all again at each claim);
+SET enable_bitmapscan = off
+-- a disabled path's cost would otherwise have the plan JIT-compiled.
 SET jit = off
--- The session's generic plans, never a custom plan per call: with the join methods and the
--- sort pinned above, a custom plan came out the same, and planning the claim's statements anew
--- at each call cost a third of the claim (bench.buffers: 64 against 43 us a run, the same
--- blocks). The settings above also pin what a generic plan can be.
+-- Planned once a session: planning these statements at each call costs more than running them.
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
@@ -298,6 +288,8 @@ DECLARE
     projects text[];
     capped text[];
     held text[];
+    counted text[];
+    running integer[];
     barred text[];
     got integer;
     cursor_to text;
@@ -400,6 +392,12 @@ BEGIN
                 SELECT array_agg(l.project_id) INTO held
                 FROM (SELECT p.project_id FROM dispatch.projects p WHERE p.project_id = ANY (capped)
                       ORDER BY p.project_id FOR NO KEY UPDATE SKIP LOCKED) l;
+                -- the running runs of all of them in one pass over runs_running_lease_idx
+                SELECT coalesce(array_agg(c.project_id), '{}'), coalesce(array_agg(c.n), '{}')
+                INTO counted, running
+                FROM (SELECT x.project_id, count(*)::integer AS n FROM dispatch.runs x
+                      WHERE x.status = 'running' AND x.project_id = ANY (held)
+                      GROUP BY x.project_id) c;
                 SELECT array_agg(x.project_id ORDER BY x.n) FILTER (WHERE x.a > 0),
                        array_agg(x.w ORDER BY x.n) FILTER (WHERE x.a > 0),
                        array_agg(x.a ORDER BY x.n) FILTER (WHERE x.a > 0),
@@ -408,10 +406,9 @@ BEGIN
                 FROM (SELECT u.project_id, u.n, coalesce(pr.weight, 1) AS w,
                              CASE WHEN pr.max_concurrency IS NULL THEN room
                                   WHEN u.project_id = ANY (held)
-                                  THEN least(room,
-                                             greatest(pr.max_concurrency
-                                                      - (SELECT count(*) FROM dispatch.runs x  -- runs_running_lease_idx
-                                                         WHERE x.status = 'running' AND x.project_id = u.project_id), 0))
+                                  THEN least(room, greatest(pr.max_concurrency
+                                                            - coalesce(running[array_position(counted, u.project_id)], 0),
+                                                            0))
                                   ELSE 0 END AS a
                       FROM unnest(projects) WITH ORDINALITY AS u(project_id, n)
                       LEFT JOIN dispatch.projects pr ON pr.project_id = u.project_id) x;

@@ -55,21 +55,12 @@ END
 $$;
 
 -- The fence and the locks of complete_runs: the runs of `run_ids` still running with the attempt
--- given, each with its schedule, locked without waiting (invariant 3). Found by id whatever the
--- statistics say, like dispatch._start_runs and for the same reason (a plan made on a runs table
--- the statistics took for empty scanned it whole at each call): without plain index scans, a
--- bitmap scan of the primary key. Not of the running runs' index, which the planner prefers
--- when it may: a bitmap scan never marks an index entry dead, and each run that finished since
--- the last vacuum leaves one there, so every call read the heap pages of all of them (8 blocks
--- a run after 10,000 runs, growing until autovacuum came by). Hence `status || ''`, which that
--- index's predicate does not cover. The attempts are matched by position, not by a join with
--- the arrays on id: under those statistics, the planner answered such a join with a scan of the
--- whole of runs_slot_key rather than the primary key (tests/test_runs.py).
--- It returns the rows' ids and where they lie (ctid): complete_runs updates them there, with
--- no second descent of the primary key (the rows are locked: they stay where they are until
--- this transaction moves them). An install over the earlier shape (ids only) drops it first.
--- PL/pgSQL for its plan cache: as an SQL function its statement was planned at every call (12 us
--- a run of a batch of 64, as much as the statement itself).
+-- given, each with its schedule, locked without waiting (invariant 3), and where they lie (ctid:
+-- complete_runs updates them there). Whatever the statistics say, a bitmap scan of the primary
+-- key (plain index and sequential scans off); not of the running runs' index (`status || ''`),
+-- where a bitmap scan reads the entry of every run finished since the last vacuum. Attempts are
+-- matched by position: a join on id lets a plan scan an index of runs whole. PL/pgSQL for its
+-- plan cache. (An install over the earlier shape, ids only, drops it first.)
 DO $$
 DECLARE
     fn regprocedure := pg_catalog.to_regprocedure('dispatch._take_running(bigint[], integer[])');
@@ -119,12 +110,10 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- its generic plans (see dispatch._advance_schedules)
 SET plan_cache_mode = force_generic_plan
--- The runs are found where the fence found them (their ctids) or by id, never by a scan of runs,
--- whatever the statistics say: on a runs table that has not been analyzed yet (a fresh install's
--- first stampede), a plan recorded each batch with a scan of the whole table (6.3 against 1.6 ms
--- a batch of 64 with 6,000 runs, growing with the table).
+-- The runs are reached where the fence found them (ctid), never by a scan of runs, whatever the
+-- statistics say (a fresh install's runs has none before its first autovacuum);
 SET enable_seqscan = off
--- (what a disabled scan adds to a plan's cost would otherwise have it compiled)
+-- a disabled path's cost would otherwise have the plan JIT-compiled.
 SET jit = off
 AS $$
 DECLARE
@@ -171,9 +160,9 @@ BEGIN
         -- else is fenced out.
         SELECT array_agg(x.id) INTO held
         FROM dispatch.runs x
-        JOIN unnest(complete_runs.run_ids, complete_runs.attempts) AS i(id, attempt)
-          ON x.id = i.id AND x.attempt = i.attempt
-        WHERE x.status = 'running' AND x.id <> ALL (coalesce(taken, '{}'));
+        WHERE x.id = ANY (complete_runs.run_ids) AND x.id <> ALL (coalesce(taken, '{}'))
+          AND x.status || '' = 'running'  -- by the primary key, as dispatch._take_running
+          AND x.attempt = complete_runs.attempts[array_position(complete_runs.run_ids, x.id)];
         -- The outcome is in the caller's hands and it is coming back with it, so the lease of a
         -- busy run whose own row is free lasts at least busy_lease more. Ticks that hold the
         -- schedule one after another would otherwise let it end between two of them, and the
@@ -182,10 +171,10 @@ BEGIN
         IF held IS NOT NULL THEN
             UPDATE dispatch.runs x
             SET lease_until = clock + busy_lease
-            FROM (SELECT y.id FROM dispatch.runs y
+            FROM (SELECT y.ctid AS tid FROM dispatch.runs y
                   WHERE y.id = ANY (held) AND y.lease_until < clock + busy_lease
                   FOR UPDATE SKIP LOCKED) l
-            WHERE x.id = l.id;
+            WHERE x.ctid = l.tid;
         END IF;
     END IF;
 
@@ -195,21 +184,21 @@ BEGIN
     -- as it is for a retry that was waiting when the stop committed).
     IF true = ANY (complete_runs.retryable) THEN
         WITH candidate AS (
-            SELECT x.id, x.attempt, i.error, i.http_status, i.duration_ms,
+            SELECT x.id, t.at AS tid, x.attempt, i.error, i.http_status, i.duration_ms,
                    clock + dispatch._retry_delay(s, x.attempt - x.released, i.retry_after_ms) AS at,
                    -- a backfill slot is old by definition: only a scheduled run's retry races
                    -- the next slot
                    CASE WHEN x.kind = 'scheduled'
                         THEN dispatch._next_slot(s.cron_spec, x.scheduled_for, s.timezone) END AS next_slot,
                    dispatch._stopped_as(s) AS stopped
-            FROM dispatch.runs x
-            JOIN dispatch.schedules s ON s.id = x.schedule_id
+            FROM unnest(taken, taken_at) AS t(id, at)
             JOIN unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
                         complete_runs.http_statuses, complete_runs.durations_ms, complete_runs.retryable,
                         complete_runs.retry_after_ms)
-                 AS i(id, status, error, http_status, duration_ms, retryable, retry_after_ms) ON i.id = x.id
-            WHERE x.id = ANY (taken) AND i.status = 'error' AND i.retryable
-              AND x.attempt - x.released < s.max_attempts
+                 AS i(id, status, error, http_status, duration_ms, retryable, retry_after_ms) ON i.id = t.id
+            JOIN dispatch.runs x ON x.ctid = t.at
+            JOIN dispatch.schedules s ON s.id = x.schedule_id
+            WHERE i.status = 'error' AND i.retryable AND x.attempt - x.released < s.max_attempts
         ), retried AS (
             UPDATE dispatch.runs x
             SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL, not_before = c.at,
@@ -219,7 +208,7 @@ BEGIN
                     'httpStatus', c.http_status, 'durationMs', c.duration_ms, 'claimedAt', x.claimed_at,
                     'at', clock)
             FROM candidate c
-            WHERE x.id = c.id AND (c.next_slot IS NULL OR c.at < c.next_slot) AND c.stopped IS NULL
+            WHERE x.ctid = c.tid AND (c.next_slot IS NULL OR c.at < c.next_slot) AND c.stopped IS NULL
             RETURNING x.id, x.not_before
         )
         SELECT array_agg(r.id), array_agg(r.not_before),
@@ -243,11 +232,14 @@ BEGIN
                               ELSE i.error END, 500),
             http_status = i.http_status,
             duration_ms = i.duration_ms
-        FROM unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
-                    complete_runs.http_statuses, complete_runs.durations_ms)
-             AS i(id, status, error, http_status, duration_ms)
+        FROM (SELECT t.at, o.status, o.error, o.http_status, o.duration_ms
+              FROM unnest(taken, taken_at) AS t(id, at)
+              JOIN unnest(complete_runs.run_ids, complete_runs.statuses, complete_runs.errors,
+                          complete_runs.http_statuses, complete_runs.durations_ms)
+                   AS o(id, status, error, http_status, duration_ms) ON o.id = t.id
+              WHERE t.id <> ALL (coalesce(retried_ids, '{}'))) i
         -- where the fence found them (a retried run has moved on from there)
-        WHERE x.ctid = ANY (taken_at) AND x.id = i.id AND x.id <> ALL (coalesce(retried_ids, '{}'))
+        WHERE x.ctid = i.at
         RETURNING x
     )
     SELECT array_agg(d.x) INTO finished FROM done d;
