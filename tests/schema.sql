@@ -3028,6 +3028,31 @@ $$;
 
 
 --
+-- Name: _running_counts(text[]); Type: FUNCTION; Schema: dispatch; Owner: -
+--
+
+CREATE FUNCTION dispatch._running_counts(projects text[], OUT project_ids text[], OUT counts integer[]) RETURNS record
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_bitmapscan TO 'off'
+    AS $$
+BEGIN
+    SELECT coalesce(array_agg(c.project_id), '{}'), coalesce(array_agg(c.n), '{}') INTO project_ids, counts
+    FROM (SELECT x.project_id, count(*)::integer AS n FROM dispatch.runs x
+          WHERE x.status = 'running' AND x.project_id = ANY (_running_counts.projects)
+          GROUP BY x.project_id) c;
+END
+$$;
+
+
+--
+-- Name: FUNCTION _running_counts(projects text[], OUT project_ids text[], OUT counts integer[]); Type: COMMENT; Schema: dispatch; Owner: -
+--
+
+COMMENT ON FUNCTION dispatch._running_counts(projects text[], OUT project_ids text[], OUT counts integer[]) IS 'How many runs of each of the projects given are running (projects with none are left out): what dispatch.claim_runs counts against max_concurrency.';
+
+
+--
 -- Name: _runs_failed(dispatch.runs[]); Type: FUNCTION; Schema: dispatch; Owner: -
 --
 
@@ -4261,7 +4286,6 @@ CREATE FUNCTION dispatch.claim_runs(worker text, max_runs integer, lease interva
     SET enable_hashjoin TO 'off'
     SET enable_mergejoin TO 'off'
     SET enable_sort TO 'off'
-    SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -4380,12 +4404,7 @@ BEGIN
                 SELECT array_agg(l.project_id) INTO held
                 FROM (SELECT p.project_id FROM dispatch.projects p WHERE p.project_id = ANY (capped)
                       ORDER BY p.project_id FOR NO KEY UPDATE SKIP LOCKED) l;
-                -- the running runs of all of them in one pass over runs_running_lease_idx
-                SELECT coalesce(array_agg(c.project_id), '{}'), coalesce(array_agg(c.n), '{}')
-                INTO counted, running
-                FROM (SELECT x.project_id, count(*)::integer AS n FROM dispatch.runs x
-                      WHERE x.status = 'running' AND x.project_id = ANY (held)
-                      GROUP BY x.project_id) c;
+                SELECT c.project_ids, c.counts INTO counted, running FROM dispatch._running_counts(held) c;
                 SELECT array_agg(x.project_id ORDER BY x.n) FILTER (WHERE x.a > 0),
                        array_agg(x.w ORDER BY x.n) FILTER (WHERE x.a > 0),
                        array_agg(x.a ORDER BY x.n) FILTER (WHERE x.a > 0),
@@ -8177,6 +8196,13 @@ REVOKE ALL ON FUNCTION dispatch._row_holder(locker xid, tbl regclass) FROM PUBLI
 --
 
 REVOKE ALL ON FUNCTION dispatch._run_fire_at() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _running_counts(projects text[], OUT project_ids text[], OUT counts integer[]); Type: ACL; Schema: dispatch; Owner: -
+--
+
+REVOKE ALL ON FUNCTION dispatch._running_counts(projects text[], OUT project_ids text[], OUT counts integer[]) FROM PUBLIC;
 
 
 --

@@ -163,6 +163,24 @@ $$;
 COMMENT ON FUNCTION dispatch._claimable_projects(text, integer) IS
     'The projects with runs a claim may take now, at most n, each once: in project_id order from the first after "after", wrapping around to "after" itself.';
 
+-- The running runs of each of `projects` that have any, in one pass over runs_running_lease_idx.
+-- A plain index scan, which marks the entries of runs finished since the last vacuum dead as it
+-- passes them: a bitmap scan, which wrong statistics lead to, reads them all again at each claim.
+CREATE OR REPLACE FUNCTION dispatch._running_counts(projects text[], OUT project_ids text[], OUT counts integer[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET enable_bitmapscan = off
+AS $$
+BEGIN
+    SELECT coalesce(array_agg(c.project_id), '{}'), coalesce(array_agg(c.n), '{}') INTO project_ids, counts
+    FROM (SELECT x.project_id, count(*)::integer AS n FROM dispatch.runs x
+          WHERE x.status = 'running' AND x.project_id = ANY (_running_counts.projects)
+          GROUP BY x.project_id) c;
+END
+$$;
+COMMENT ON FUNCTION dispatch._running_counts(text[]) IS
+    'How many runs of each of the projects given are running (projects with none are left out): what dispatch.claim_runs counts against max_concurrency.';
+
 -- How many runs of each project a claim of n takes before the remainder: n shared by weight,
 -- water-filled (a project allowed fewer than its share takes its allowance, and the others share
 -- the rest again), each share rounded down. Pure arithmetic.
@@ -269,9 +287,6 @@ SET search_path = pg_catalog, pg_temp
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET enable_sort = off
--- the running runs of capped projects counted by a plain index scan, which marks the entries of
--- finished runs dead as it passes them (a bitmap scan reads them all again at each claim);
-SET enable_bitmapscan = off
 -- a disabled path's cost would otherwise have the plan JIT-compiled.
 SET jit = off
 -- Planned once a session: planning these statements at each call costs more than running them.
@@ -392,12 +407,7 @@ BEGIN
                 SELECT array_agg(l.project_id) INTO held
                 FROM (SELECT p.project_id FROM dispatch.projects p WHERE p.project_id = ANY (capped)
                       ORDER BY p.project_id FOR NO KEY UPDATE SKIP LOCKED) l;
-                -- the running runs of all of them in one pass over runs_running_lease_idx
-                SELECT coalesce(array_agg(c.project_id), '{}'), coalesce(array_agg(c.n), '{}')
-                INTO counted, running
-                FROM (SELECT x.project_id, count(*)::integer AS n FROM dispatch.runs x
-                      WHERE x.status = 'running' AND x.project_id = ANY (held)
-                      GROUP BY x.project_id) c;
+                SELECT c.project_ids, c.counts INTO counted, running FROM dispatch._running_counts(held) c;
                 SELECT array_agg(x.project_id ORDER BY x.n) FILTER (WHERE x.a > 0),
                        array_agg(x.w ORDER BY x.n) FILTER (WHERE x.a > 0),
                        array_agg(x.a ORDER BY x.n) FILTER (WHERE x.a > 0),
