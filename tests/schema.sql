@@ -4313,14 +4313,10 @@ DECLARE
     taken integer[];
     shares integer[];
     quotas integer[];
-    first_ids bigint[];
-    first_of integer[];
-    first_verdicts text[];
-    first_tids tid[];
-    slot_ids bigint[];
-    slot_of integer[];
-    slot_verdicts text[];
-    slot_tids tid[];
+    picked_ids bigint[];
+    picked_of integer[];
+    picked_verdicts text[];
+    picked_tids tid[];
     spare integer;
     walk integer[];
     walked integer;
@@ -4478,40 +4474,37 @@ BEGIN
             spare := CASE WHEN walk = '{}' THEN 0 ELSE need END;
             EXIT WHEN (SELECT coalesce(sum(q), 0) FROM unnest(quotas) q) = 0 AND spare = 0;
 
-            -- Each run is locked, then judged with its schedule in the same statement (a
-            -- schedule's row is read for the runs this claim holds, not for those it skipped).
+            -- Each project's runs up to its quota: its waiting runs whose instant is over first,
+            -- then its runs in slot order (the LIMIT stops the second scan: nothing past the quota
+            -- is locked). Each run is locked, then judged with its schedule in the same statement
+            -- (a schedule's row is read for the runs this claim holds, not for those it skipped).
             -- A project's waiting runs are its range of runs_project_not_before_idx, bounded by
-            -- row comparisons that no other index can take: given the project as an equality,
-            -- runs_not_before_idx offers the same order, and a plan that took it read the
-            -- waiting runs of every project before.
+            -- row comparisons that no other index can take (runs_not_before_idx, given the project
+            -- as an equality, offers the same order over every project's waiting runs).
             SELECT array_agg((x.r).id), array_agg(x.tid), array_agg(u.n::integer), array_agg(dispatch._claim_verdict(x.r, s))
-            INTO first_ids, first_tids, first_of, first_verdicts
+            INTO picked_ids, picked_tids, picked_of, picked_verdicts
             FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
             CROSS JOIN LATERAL (
-                SELECT r, r.ctid AS tid FROM dispatch.runs r
-                WHERE (r.project_id, r.not_before) BETWEEN (u.project_id, '-infinity') AND (u.project_id, now())
-                  AND r.status = 'pending' AND r.not_before IS NOT NULL
-                ORDER BY r.project_id, r.not_before, r.id
-                LIMIT u.quota
-                FOR UPDATE SKIP LOCKED) x
+                SELECT * FROM (SELECT r, r.ctid AS tid FROM dispatch.runs r
+                               WHERE (r.project_id, r.not_before) BETWEEN (u.project_id, '-infinity') AND (u.project_id, now())
+                                 AND r.status = 'pending' AND r.not_before IS NOT NULL
+                               ORDER BY r.project_id, r.not_before, r.id
+                               LIMIT u.quota
+                               FOR UPDATE SKIP LOCKED) waited
+                UNION ALL
+                SELECT * FROM (SELECT r, r.ctid AS tid FROM dispatch.runs r
+                               WHERE r.project_id = u.project_id AND r.status = 'pending' AND r.not_before IS NULL
+                               ORDER BY r.project_id, r.scheduled_for, r.id
+                               LIMIT u.quota
+                               FOR UPDATE SKIP LOCKED) in_slot_order
+                LIMIT u.quota) x
             JOIN dispatch.schedules s ON s.id = (x.r).schedule_id
             WHERE u.quota > 0;
-            SELECT array_agg((x.r).id), array_agg(x.tid), array_agg(u.n::integer), array_agg(dispatch._claim_verdict(x.r, s))
-            INTO slot_ids, slot_tids, slot_of, slot_verdicts
-            FROM unnest(projects, quotas) WITH ORDINALITY AS u(project_id, quota, n)
-            CROSS JOIN LATERAL (
-                SELECT r, r.ctid AS tid FROM dispatch.runs r
-                WHERE r.project_id = u.project_id AND r.status = 'pending' AND r.not_before IS NULL
-                ORDER BY r.project_id, r.scheduled_for, r.id
-                LIMIT u.quota - coalesce(cardinality(array_positions(first_of, u.n::integer)), 0)
-                FOR UPDATE SKIP LOCKED) x
-            JOIN dispatch.schedules s ON s.id = (x.r).schedule_id
-            WHERE u.quota > coalesce(cardinality(array_positions(first_of, u.n::integer)), 0);
             -- The remainder: one run from each project in `walk` order until there is none left
             -- to give (the outer LIMIT stops the walk: no project after it is locked or read).
             IF spare > 0 THEN
                 -- (a run this transaction locked is not skipped: the ones just taken are passed over)
-                locked := coalesce(first_ids, '{}') || coalesce(slot_ids, '{}');
+                locked := coalesce(picked_ids, '{}');
                 SELECT array_agg((x.r).id ORDER BY x.k), array_agg(x.tid ORDER BY x.k), array_agg(x.n ORDER BY x.k),
                        array_agg(dispatch._claim_verdict(x.r, s) ORDER BY x.k), max(x.k)
                 INTO extra_ids, extra_tids, extra_of, extra_verdicts, walked
@@ -4548,16 +4541,16 @@ BEGIN
                     last_served := coalesce((SELECT max(e.n) FILTER (WHERE shares[e.n] = 0) FROM unnest(extra_of) AS e(n)),
                                             extra_of[cardinality(extra_of)]);
                 END IF;
-                slot_ids := slot_ids || extra_ids;
-                slot_tids := slot_tids || extra_tids;
-                slot_of := slot_of || extra_of;
-                slot_verdicts := slot_verdicts || extra_verdicts;
+                picked_ids := picked_ids || extra_ids;
+                picked_tids := picked_tids || extra_tids;
+                picked_of := picked_of || extra_of;
+                picked_verdicts := picked_verdicts || extra_verdicts;
             ELSIF last_served IS NULL AND NOT floors_pass THEN
                 last_served := cardinality(projects);  -- no remainder: the next claim starts after them all
             END IF;
             -- a pass that found nothing goes on to share what the projects that had nothing left
             -- could not give among the others
-            IF first_ids IS NOT NULL OR slot_ids IS NOT NULL THEN
+            IF picked_ids IS NOT NULL THEN
                 -- Some runs are not handed out (dispatch._claim_verdict): late ones end error,
                 -- stale ones end skipped. The transaction that stopped a schedule ended every run
                 -- it could see; this ends those that became pending behind its back (a release
@@ -4565,7 +4558,7 @@ BEGIN
                 SELECT array_agg(c.id) FILTER (WHERE c.verdict = 'live'), array_agg(c.id) FILTER (WHERE c.verdict = 'late'),
                        array_agg(c.id) FILTER (WHERE c.verdict = 'stale')
                 INTO live_ids, late_ids, stale_ids
-                FROM unnest(first_ids || slot_ids, first_verdicts || slot_verdicts) AS c(id, verdict);
+                FROM unnest(picked_ids, picked_verdicts) AS c(id, verdict);
 
                 IF late_ids IS NOT NULL OR stale_ids IS NOT NULL THEN
                     PERFORM dispatch._end_late_retries(late_ids);
@@ -4577,7 +4570,7 @@ BEGIN
                 IF live_ids IS NOT NULL AND live_ids <> '{}' THEN
                     -- started where the pick found them: locked since, and moved by nothing above
                     SELECT array_agg(c.tid) INTO live_tids
-                    FROM unnest(first_ids || slot_ids, first_tids || slot_tids) AS c(id, tid)
+                    FROM unnest(picked_ids, picked_tids) AS c(id, tid)
                     WHERE c.id = ANY (live_ids);
                     RETURN QUERY SELECT * FROM dispatch._start_runs(live_tids, claim_runs.worker, claim_runs.lease,
                                                                     claim_runs.default_timeout);
@@ -4611,10 +4604,10 @@ BEGIN
                                   ELSE x.a END ORDER BY x.n)
             INTO taken, allow
             FROM (SELECT u.n, u.a, u.q, u.took, u.project_id,
-                         coalesce(cardinality(array_positions(first_of || slot_of, u.n::integer)), 0) AS got
+                         coalesce(cardinality(array_positions(picked_of, u.n::integer)), 0) AS got
                   FROM unnest(allow, quotas, taken, projects) WITH ORDINALITY AS u(a, q, took, project_id, n)) x;
             -- (each pass takes runs or learns of a project that has no more: never the same pass twice)
-            EXIT WHEN first_ids IS NULL AND slot_ids IS NULL AND allow = was_allowed;
+            EXIT WHEN picked_ids IS NULL AND allow = was_allowed;
         END LOOP;
 
         got := (SELECT sum(t) FROM unnest(taken) t);
