@@ -474,7 +474,8 @@ def test_completions_never_scan_runs_whatever_the_statistics_say(db: psycopg.Con
     assert scans == 0
 
 
-@pytest.mark.parametrize("statistics", ["autovacuum mid-chunk", "never analyzed", "analyzed empty", "right"])
+@pytest.mark.parametrize("statistics", ["autovacuum mid-chunk", "never analyzed", "analyzed empty",
+                                        "analyzed with none pending", "right"])
 def test_claims_and_completions_over_many_projects_read_what_they_take_whatever_the_statistics_say(
     db: psycopg.Connection, statistics: str
 ) -> None:
@@ -490,6 +491,12 @@ def test_claims_and_completions_over_many_projects_read_what_they_take_whatever_
     db.execute("INSERT INTO dispatch.schedules (project_id, function_name, cron_expression, max_attempts)"
                " SELECT 'p' || lpad((CASE WHEN g <= 2000 THEN g % 4 ELSE g % 200 END)::text, 3, '0'), 'f',"
                " '0 0 1 1 *', 3 FROM generate_series(1, 4000) g")
+    if statistics == "analyzed with none pending":  # the history of five earlier slots
+        db.execute("INSERT INTO dispatch.runs"
+                   " (schedule_id, project_id, scheduled_for, status, attempt, finished_at)"
+                   " SELECT s.id, s.project_id, now() - k * interval '1 day', 'ok', 1, now()"
+                   " FROM dispatch.schedules s CROSS JOIN generate_series(1, 5) k")
+        db.execute("VACUUM ANALYZE dispatch.runs")
     make_due(db)
     assert scalar(db, "SELECT dispatch.tick()") == 4000
     if statistics == "autovacuum mid-chunk":
