@@ -1767,7 +1767,7 @@ BEGIN
         RETURN 0;
     END IF;
     WITH taken AS (
-        SELECT r.id FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id
+        SELECT r.ctid AS tid FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id
         WHERE r.id = ANY (_end_late_retries.run_ids) AND r.status = 'pending'
         FOR UPDATE OF r SKIP LOCKED
         FOR NO KEY UPDATE OF s SKIP LOCKED
@@ -1780,7 +1780,7 @@ BEGIN
                 WHEN r.attempt - r.released >= s.max_attempts
                 THEN format('; not retried: max_attempts is now %s', s.max_attempts)
                 ELSE '; not retried: the next slot came first' END, 500)
-        FROM taken t, dispatch.schedules s WHERE r.id = t.id AND s.id = r.schedule_id
+        FROM taken t, dispatch.schedules s WHERE r.ctid = t.tid AND s.id = r.schedule_id
         RETURNING r
     )
     SELECT array_agg(l.r) INTO ended FROM late l;
@@ -2249,6 +2249,7 @@ CREATE FUNCTION dispatch._hold_for_breakers(run_ids bigint[]) RETURNS bigint[]
     AS $$
 DECLARE
     c_ids bigint[];
+    c_tids tid[];
     c_projects text[];
     c_functions text[];
     held_ids bigint[];
@@ -2260,9 +2261,10 @@ BEGIN
     -- the runs of open breakers, the probe's candidates first: the fewest invocations (a probe
     -- uses up an attempt of its run: they take turns), then the oldest
     SELECT array_agg(r.id ORDER BY r.attempt - r.released, r.fire_at, r.id),
+           array_agg(r.ctid ORDER BY r.attempt - r.released, r.fire_at, r.id),
            array_agg(b.project_id ORDER BY r.attempt - r.released, r.fire_at, r.id),
            array_agg(b.function_name ORDER BY r.attempt - r.released, r.fire_at, r.id)
-    INTO c_ids, c_projects, c_functions
+    INTO c_ids, c_tids, c_projects, c_functions
     FROM dispatch.runs r
     JOIN dispatch.schedules s ON s.id = r.schedule_id
     JOIN dispatch.breakers b ON b.project_id = s.project_id AND b.function_name = s.function_name
@@ -2309,10 +2311,10 @@ BEGIN
                 -- due, but another claimer holds the breaker: look again a spacing later
                 ELSE now() + st.breaker_probe_spacing END,
             held_by_breaker = true
-        FROM unnest(c_ids, c_projects, c_functions) AS c(id, project_id, function_name)
+        FROM unnest(c_ids, c_tids, c_projects, c_functions) AS c(id, tid, project_id, function_name)
         JOIN dispatch.breakers b ON b.project_id = c.project_id AND b.function_name = c.function_name
         CROSS JOIN dispatch.settings st
-        WHERE r.id = c.id AND c.id <> ALL (coalesce(probe_ids, '{}'))
+        WHERE r.ctid = c.tid AND c.id <> ALL (coalesce(probe_ids, '{}'))  -- locked by the claim: still there
         RETURNING r.id
     )
     SELECT array_agg(h.id) INTO held_ids FROM held h;
@@ -2925,7 +2927,7 @@ DECLARE
     released integer;
 BEGIN
     WITH held AS (
-        SELECT r.id
+        SELECT r.ctid AS tid
         FROM dispatch.runs r
         JOIN dispatch.schedules s ON s.id = r.schedule_id
         WHERE r.held_by_breaker AND r.status = 'pending'
@@ -2933,7 +2935,7 @@ BEGIN
         FOR UPDATE OF r SKIP LOCKED
     )
     UPDATE dispatch.runs r SET not_before = now(), held_by_breaker = false
-    FROM held h WHERE r.id = h.id;
+    FROM held h WHERE r.ctid = h.tid;  -- where the lock found them
     GET DIAGNOSTICS released = ROW_COUNT;
     IF released > 0 THEN
         PERFORM pg_notify('dispatch', 'breaker');
@@ -6209,6 +6211,7 @@ CREATE FUNCTION dispatch.release_runs(worker text, run_ids bigint[], attempts in
     AS $$
 DECLARE
     taken bigint[];
+    taken_at tid[];
     released integer;
 BEGIN
     IF cardinality(release_runs.attempts) IS DISTINCT FROM cardinality(release_runs.run_ids) THEN
@@ -6216,12 +6219,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- Fenced like complete_runs: only while the run is running with the attempt given.
-    SELECT array_agg(l.id) INTO taken
-    FROM (SELECT x.id
+    -- (by the primary key, the attempts matched by position: see dispatch._take_running)
+    SELECT array_agg(l.id), array_agg(l.ctid) INTO taken, taken_at
+    FROM (SELECT x.id, x.ctid
           FROM dispatch.runs x
-          JOIN unnest(release_runs.run_ids, release_runs.attempts) AS i(id, attempt)
-            ON x.id = i.id AND x.attempt = i.attempt
-          WHERE x.status = 'running'
+          WHERE x.id = ANY (release_runs.run_ids) AND x.status || '' = 'running'
+            AND x.attempt = release_runs.attempts[array_position(release_runs.run_ids, x.id)]
           FOR UPDATE OF x SKIP LOCKED) l;
 
     UPDATE dispatch.runs x
@@ -6230,7 +6233,7 @@ BEGIN
     -- toward neither max_attempts nor misfire_grace's "first attempt".
     SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
         released = x.released + 1
-    WHERE x.id = ANY (taken);
+    WHERE x.ctid = ANY (taken_at);
     GET DIAGNOSTICS released = ROW_COUNT;
     IF released > 0 THEN
         -- A run whose schedule stopped meanwhile goes no further than pending.

@@ -480,9 +480,9 @@ def test_claims_and_completions_over_many_projects_read_what_they_take_whatever_
     db: psycopg.Connection, statistics: str
 ) -> None:
     """Each claim's walk and picks read an entry or a few of runs' indexes per project and per
-    run, and each completion a few per run, over hundreds of projects (some capped, weighted)
-    and with failures to retry, however wrong the statistics of runs are. A plan that scans an
-    index of runs whole reads every run at each call."""
+    run, and each completion or hand-back a few per run, over hundreds of projects (some capped,
+    weighted) and with failures to retry, however wrong the statistics of runs are. A plan that
+    scans an index of runs whole reads every run at each call."""
     db.execute("INSERT INTO dispatch.projects (project_id, weight, max_concurrency)"
                " SELECT 'p' || lpad(k::text, 3, '0'), 1 + k % 3, CASE WHEN k % 10 = 0 THEN 50 END"
                " FROM generate_series(0, 199) k")
@@ -520,6 +520,9 @@ def test_claims_and_completions_over_many_projects_read_what_they_take_whatever_
              ["boom" if f else None for f in failed], failed),
         ).fetchall()
         assert results == [(True, f) for f in failed]
+    runs = claim(db, "w", 64)  # and handed back, as a listener that stops does
+    assert release(db, "w", runs) == 64
+    taken += len(runs)
     # 10-15 a run with plans that descend the indexes, hundreds with one that reads one whole
     assert (_tuples_read(db) - before) / taken < 40
 

@@ -56,7 +56,7 @@ DECLARE
     released integer;
 BEGIN
     WITH held AS (
-        SELECT r.id
+        SELECT r.ctid AS tid
         FROM dispatch.runs r
         JOIN dispatch.schedules s ON s.id = r.schedule_id
         WHERE r.held_by_breaker AND r.status = 'pending'
@@ -64,7 +64,7 @@ BEGIN
         FOR UPDATE OF r SKIP LOCKED
     )
     UPDATE dispatch.runs r SET not_before = now(), held_by_breaker = false
-    FROM held h WHERE r.id = h.id;
+    FROM held h WHERE r.ctid = h.tid;  -- where the lock found them
     GET DIAGNOSTICS released = ROW_COUNT;
     IF released > 0 THEN
         PERFORM pg_notify('dispatch', 'breaker');
@@ -87,6 +87,7 @@ SET jit = off
 AS $$
 DECLARE
     c_ids bigint[];
+    c_tids tid[];
     c_projects text[];
     c_functions text[];
     held_ids bigint[];
@@ -98,9 +99,10 @@ BEGIN
     -- the runs of open breakers, the probe's candidates first: the fewest invocations (a probe
     -- uses up an attempt of its run: they take turns), then the oldest
     SELECT array_agg(r.id ORDER BY r.attempt - r.released, r.fire_at, r.id),
+           array_agg(r.ctid ORDER BY r.attempt - r.released, r.fire_at, r.id),
            array_agg(b.project_id ORDER BY r.attempt - r.released, r.fire_at, r.id),
            array_agg(b.function_name ORDER BY r.attempt - r.released, r.fire_at, r.id)
-    INTO c_ids, c_projects, c_functions
+    INTO c_ids, c_tids, c_projects, c_functions
     FROM dispatch.runs r
     JOIN dispatch.schedules s ON s.id = r.schedule_id
     JOIN dispatch.breakers b ON b.project_id = s.project_id AND b.function_name = s.function_name
@@ -147,10 +149,10 @@ BEGIN
                 -- due, but another claimer holds the breaker: look again a spacing later
                 ELSE now() + st.breaker_probe_spacing END,
             held_by_breaker = true
-        FROM unnest(c_ids, c_projects, c_functions) AS c(id, project_id, function_name)
+        FROM unnest(c_ids, c_tids, c_projects, c_functions) AS c(id, tid, project_id, function_name)
         JOIN dispatch.breakers b ON b.project_id = c.project_id AND b.function_name = c.function_name
         CROSS JOIN dispatch.settings st
-        WHERE r.id = c.id AND c.id <> ALL (coalesce(probe_ids, '{}'))
+        WHERE r.ctid = c.tid AND c.id <> ALL (coalesce(probe_ids, '{}'))  -- locked by the claim: still there
         RETURNING r.id
     )
     SELECT array_agg(h.id) INTO held_ids FROM held h;

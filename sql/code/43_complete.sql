@@ -32,7 +32,7 @@ BEGIN
         RETURN 0;
     END IF;
     WITH taken AS (
-        SELECT r.id FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id
+        SELECT r.ctid AS tid FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id
         WHERE r.id = ANY (_end_late_retries.run_ids) AND r.status = 'pending'
         FOR UPDATE OF r SKIP LOCKED
         FOR NO KEY UPDATE OF s SKIP LOCKED
@@ -45,7 +45,7 @@ BEGIN
                 WHEN r.attempt - r.released >= s.max_attempts
                 THEN format('; not retried: max_attempts is now %s', s.max_attempts)
                 ELSE '; not retried: the next slot came first' END, 500)
-        FROM taken t, dispatch.schedules s WHERE r.id = t.id AND s.id = r.schedule_id
+        FROM taken t, dispatch.schedules s WHERE r.ctid = t.tid AND s.id = r.schedule_id
         RETURNING r
     )
     SELECT array_agg(l.r) INTO ended FROM late l;

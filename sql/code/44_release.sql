@@ -8,6 +8,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     taken bigint[];
+    taken_at tid[];
     released integer;
 BEGIN
     IF cardinality(release_runs.attempts) IS DISTINCT FROM cardinality(release_runs.run_ids) THEN
@@ -15,12 +16,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- Fenced like complete_runs: only while the run is running with the attempt given.
-    SELECT array_agg(l.id) INTO taken
-    FROM (SELECT x.id
+    -- (by the primary key, the attempts matched by position: see dispatch._take_running)
+    SELECT array_agg(l.id), array_agg(l.ctid) INTO taken, taken_at
+    FROM (SELECT x.id, x.ctid
           FROM dispatch.runs x
-          JOIN unnest(release_runs.run_ids, release_runs.attempts) AS i(id, attempt)
-            ON x.id = i.id AND x.attempt = i.attempt
-          WHERE x.status = 'running'
+          WHERE x.id = ANY (release_runs.run_ids) AND x.status || '' = 'running'
+            AND x.attempt = release_runs.attempts[array_position(release_runs.run_ids, x.id)]
           FOR UPDATE OF x SKIP LOCKED) l;
 
     UPDATE dispatch.runs x
@@ -29,7 +30,7 @@ BEGIN
     -- toward neither max_attempts nor misfire_grace's "first attempt".
     SET status = 'pending', worker = NULL, claimed_at = NULL, lease_until = NULL,
         released = x.released + 1
-    WHERE x.id = ANY (taken);
+    WHERE x.ctid = ANY (taken_at);
     GET DIAGNOSTICS released = ROW_COUNT;
     IF released > 0 THEN
         -- A run whose schedule stopped meanwhile goes no further than pending.
