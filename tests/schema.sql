@@ -1766,6 +1766,7 @@ BEGIN
     IF run_ids IS NULL THEN
         RETURN 0;
     END IF;
+    -- (the claim that calls it holds these runs: each is where this statement's snapshot sees it)
     WITH taken AS (
         SELECT r.ctid AS tid FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id
         WHERE r.id = ANY (_end_late_retries.run_ids) AND r.status = 'pending'
@@ -2924,18 +2925,19 @@ CREATE FUNCTION dispatch._release_held(project_id text, function_name text) RETU
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    held_at tid[];
     released integer;
 BEGIN
-    WITH held AS (
-        SELECT r.ctid AS tid
-        FROM dispatch.runs r
-        JOIN dispatch.schedules s ON s.id = r.schedule_id
-        WHERE r.held_by_breaker AND r.status = 'pending'
-          AND s.project_id = _release_held.project_id AND s.function_name = _release_held.function_name
-        FOR UPDATE OF r SKIP LOCKED
-    )
+    SELECT array_agg(h.ctid) INTO held_at
+    FROM (SELECT r.ctid
+          FROM dispatch.runs r
+          JOIN dispatch.schedules s ON s.id = r.schedule_id
+          WHERE r.held_by_breaker AND r.status = 'pending'
+            AND s.project_id = _release_held.project_id AND s.function_name = _release_held.function_name
+          FOR UPDATE OF r SKIP LOCKED) h;
+    -- where the lock found them (a later statement: it sees a version committed since this one began)
     UPDATE dispatch.runs r SET not_before = now(), held_by_breaker = false
-    FROM held h WHERE r.ctid = h.tid;  -- where the lock found them
+    WHERE r.ctid = ANY (held_at);
     GET DIAGNOSTICS released = ROW_COUNT;
     IF released > 0 THEN
         PERFORM pg_notify('dispatch', 'breaker');

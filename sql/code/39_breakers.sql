@@ -53,18 +53,19 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    held_at tid[];
     released integer;
 BEGIN
-    WITH held AS (
-        SELECT r.ctid AS tid
-        FROM dispatch.runs r
-        JOIN dispatch.schedules s ON s.id = r.schedule_id
-        WHERE r.held_by_breaker AND r.status = 'pending'
-          AND s.project_id = _release_held.project_id AND s.function_name = _release_held.function_name
-        FOR UPDATE OF r SKIP LOCKED
-    )
+    SELECT array_agg(h.ctid) INTO held_at
+    FROM (SELECT r.ctid
+          FROM dispatch.runs r
+          JOIN dispatch.schedules s ON s.id = r.schedule_id
+          WHERE r.held_by_breaker AND r.status = 'pending'
+            AND s.project_id = _release_held.project_id AND s.function_name = _release_held.function_name
+          FOR UPDATE OF r SKIP LOCKED) h;
+    -- where the lock found them (a later statement: it sees a version committed since this one began)
     UPDATE dispatch.runs r SET not_before = now(), held_by_breaker = false
-    FROM held h WHERE r.ctid = h.tid;  -- where the lock found them
+    WHERE r.ctid = ANY (held_at);
     GET DIAGNOSTICS released = ROW_COUNT;
     IF released > 0 THEN
         PERFORM pg_notify('dispatch', 'breaker');

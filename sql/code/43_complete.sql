@@ -31,6 +31,7 @@ BEGIN
     IF run_ids IS NULL THEN
         RETURN 0;
     END IF;
+    -- (the claim that calls it holds these runs: each is where this statement's snapshot sees it)
     WITH taken AS (
         SELECT r.ctid AS tid FROM dispatch.runs r JOIN dispatch.schedules s ON s.id = r.schedule_id
         WHERE r.id = ANY (_end_late_retries.run_ids) AND r.status = 'pending'
