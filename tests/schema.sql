@@ -2044,8 +2044,8 @@ BEGIN
     IF _explain_cap.max_concurrency IS NULL THEN
         RETURN;
     END IF;
-    _explain_cap.running := (SELECT count(*) FROM dispatch.runs x  -- runs_running_lease_idx, as the claim
-                             WHERE x.status = 'running' AND x.project_id = _explain_cap.project);
+    _explain_cap.running := coalesce((SELECT c.counts[1] FROM dispatch._running_counts(ARRAY[_explain_cap.project]) c),
+                                     0);  -- as the claim counts them
     _explain_cap.holder := dispatch._project_holder(_explain_cap.project);
     room := CASE WHEN _explain_cap.holder IS NULL
                  THEN greatest(_explain_cap.max_concurrency - _explain_cap.running, 0) ELSE 0 END;
@@ -3036,7 +3036,7 @@ $$;
 --
 
 CREATE FUNCTION dispatch._running_counts(projects text[], OUT project_ids text[], OUT counts integer[]) RETURNS record
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_bitmapscan TO 'off'
     AS $$
@@ -3053,7 +3053,7 @@ $$;
 -- Name: FUNCTION _running_counts(projects text[], OUT project_ids text[], OUT counts integer[]); Type: COMMENT; Schema: dispatch; Owner: -
 --
 
-COMMENT ON FUNCTION dispatch._running_counts(projects text[], OUT project_ids text[], OUT counts integer[]) IS 'How many runs of each of the projects given are running (projects with none are left out): what dispatch.claim_runs counts against max_concurrency.';
+COMMENT ON FUNCTION dispatch._running_counts(projects text[], OUT project_ids text[], OUT counts integer[]) IS 'How many runs of each of the projects given are running (projects with none are left out): what dispatch.claim_runs counts against max_concurrency, and dispatch.explain shows.';
 
 
 --

@@ -168,6 +168,7 @@ COMMENT ON FUNCTION dispatch._claimable_projects(text, integer) IS
 -- passes them: a bitmap scan, which wrong statistics lead to, reads them all again at each claim.
 CREATE OR REPLACE FUNCTION dispatch._running_counts(projects text[], OUT project_ids text[], OUT counts integer[])
 LANGUAGE plpgsql
+STABLE
 SET search_path = pg_catalog, pg_temp
 SET enable_bitmapscan = off
 AS $$
@@ -179,7 +180,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION dispatch._running_counts(text[]) IS
-    'How many runs of each of the projects given are running (projects with none are left out): what dispatch.claim_runs counts against max_concurrency.';
+    'How many runs of each of the projects given are running (projects with none are left out): what dispatch.claim_runs counts against max_concurrency, and dispatch.explain shows.';
 
 -- How many runs of each project a claim of n takes before the remainder: n shared by weight,
 -- water-filled (a project allowed fewer than its share takes its allowance, and the others share

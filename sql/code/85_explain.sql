@@ -175,8 +175,8 @@ BEGIN
     IF _explain_cap.max_concurrency IS NULL THEN
         RETURN;
     END IF;
-    _explain_cap.running := (SELECT count(*) FROM dispatch.runs x  -- runs_running_lease_idx, as the claim
-                             WHERE x.status = 'running' AND x.project_id = _explain_cap.project);
+    _explain_cap.running := coalesce((SELECT c.counts[1] FROM dispatch._running_counts(ARRAY[_explain_cap.project]) c),
+                                     0);  -- as the claim counts them
     _explain_cap.holder := dispatch._project_holder(_explain_cap.project);
     room := CASE WHEN _explain_cap.holder IS NULL
                  THEN greatest(_explain_cap.max_concurrency - _explain_cap.running, 0) ELSE 0 END;
